@@ -1,0 +1,685 @@
+//! Actors: private state plus handlers, one message at a time.
+//!
+//! An actor is a Rust value that implements [`Actor`] and one [`Handler<M>`]
+//! per message type it takes. A proc runs each actor as its own tokio task,
+//! so actors of one proc run concurrently while each handles its messages one
+//! at a time, in the order they arrived.
+//!
+//! Lifecycle, as [`ActorStatus`]:
+//!
+//! ```text
+//! Created --init ok--> Running --stop()--> Stopping --queue drained--> Stopped
+//!    |                    |
+//!    +--init fails--------+--handler panics or returns Err--> Failed
+//! ```
+//!
+//! Invariants:
+//! - AC-1: an actor handles one message at a time, in arrival order.
+//! - AC-2: stop is graceful: messages queued before `stop` are handled;
+//!   messages that arrive after it are undeliverable (`StoppedReceiver`).
+//! - AC-3: a handler that panics or returns `Err` fails only its actor: the
+//!   proc and the other actors go on. The actor's owner receives an
+//!   [`ActorSupervisionEvent`]; the call being handled and every queued call
+//!   fail with that event, and so do calls that arrive later.
+//! - AC-4: an owner that does not handle a child's supervision event fails
+//!   with it, so failures climb until someone handles them; the proc's
+//!   supervision stream receives what root actors do not handle.
+
+use std::any::type_name;
+use std::borrow::Cow;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::ops::Deref;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use futures::FutureExt;
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, watch};
+use tracing::Instrument;
+
+use crate::failure::{ActorSupervisionEvent, CallError, DeliveryFailure, Undeliverable};
+use crate::id::ActorId;
+use crate::mailbox::{Mailbox, Meta, OncePortRef, Payload, PortRef, PortSink, UNDELIVERABLE_PORT};
+use crate::message::{RemoteMessage, handler_port};
+use crate::proc::{Proc, ProcError};
+
+/// An actor: state that handles messages one at a time.
+///
+/// Implement [`Handler<M>`] for each message type, and list in
+/// [`Actor::exports`] the ones that others may send through an
+/// [`ActorRef`].
+pub trait Actor: Send + Sized + 'static {
+    /// Registers the message types this actor takes from refs, in this proc
+    /// or another: `exports.handle::<M>()` for each `M` it handles.
+    fn exports(exports: &mut Exports<Self>) {
+        let _ = exports;
+    }
+
+    /// Runs once, before the first message. An error fails the actor.
+    fn init(&mut self, cx: &Context<Self>) -> impl Future<Output = anyhow::Result<()>> + Send {
+        let _ = cx;
+        async { Ok(()) }
+    }
+
+    /// A child actor failed. `Ok(true)` means handled: carry on. `Ok(false)`
+    /// (the default) or `Err` fails this actor too, which passes the failure
+    /// to its own owner (AC-4).
+    fn handle_supervision_event(
+        &mut self,
+        cx: &Context<Self>,
+        event: &ActorSupervisionEvent,
+    ) -> impl Future<Output = anyhow::Result<bool>> + Send {
+        let _ = (cx, event);
+        async { Ok(false) }
+    }
+
+    /// A message this actor sent came back. The default logs it; calls waiting
+    /// on a reply fail on their own, so nothing else is needed for them.
+    fn handle_undeliverable(
+        &mut self,
+        cx: &Context<Self>,
+        undeliverable: Undeliverable,
+    ) -> impl Future<Output = anyhow::Result<()>> + Send {
+        tracing::warn!(actor = %cx.actor_id(), %undeliverable, "message returned");
+        async { Ok(()) }
+    }
+}
+
+/// Handles messages of type `M`.
+pub trait Handler<M: RemoteMessage>: Actor {
+    /// Handles one message. `Err` is fatal: the actor fails (AC-3). Errors a
+    /// caller should see while the actor lives on go in the reply instead.
+    fn handle(
+        &mut self,
+        cx: &Context<Self>,
+        message: M,
+    ) -> impl Future<Output = anyhow::Result<()>> + Send;
+}
+
+/// The state of an actor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ActorStatus {
+    /// Spawned; `init` has not finished. Messages queue.
+    Created,
+    /// Handling messages.
+    Running,
+    /// Asked to stop: handling what was queued, refusing new messages.
+    Stopping,
+    /// Stopped after draining its queue.
+    Stopped,
+    /// Failed; the event says why.
+    Failed(ActorSupervisionEvent),
+}
+
+impl ActorStatus {
+    /// Whether the actor has ended, stopped or failed.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, ActorStatus::Stopped | ActorStatus::Failed(_))
+    }
+}
+
+const CREATED: u8 = 0;
+const RUNNING: u8 = 1;
+const STOPPING: u8 = 2;
+const STOPPED: u8 = 3;
+const FAILED: u8 = 4;
+
+/// What the router and the handles share about an actor.
+pub(crate) struct ActorCell {
+    id: ActorId,
+    state: AtomicU8,
+    failure: OnceLock<ActorSupervisionEvent>,
+    status: watch::Sender<ActorStatus>,
+}
+
+impl ActorCell {
+    fn new(id: ActorId) -> Self {
+        ActorCell {
+            id,
+            state: AtomicU8::new(CREATED),
+            failure: OnceLock::new(),
+            status: watch::Sender::new(ActorStatus::Created),
+        }
+    }
+
+    /// Why a new message is refused, if it is.
+    fn refusal(&self) -> Option<DeliveryFailure> {
+        match self.state.load(Ordering::Acquire) {
+            CREATED | RUNNING => None,
+            FAILED => Some(self.failed_reason()),
+            _ => Some(DeliveryFailure::StoppedReceiver {
+                actor: self.id.clone(),
+            }),
+        }
+    }
+
+    fn failed_reason(&self) -> DeliveryFailure {
+        match self.failure.get() {
+            Some(event) => DeliveryFailure::ActorFailed(event.clone()),
+            None => DeliveryFailure::StoppedReceiver {
+                actor: self.id.clone(),
+            },
+        }
+    }
+
+    fn is_terminal(&self) -> bool {
+        matches!(self.state.load(Ordering::Acquire), STOPPED | FAILED)
+    }
+
+    fn set_status(&self, state: u8, status: ActorStatus) {
+        self.state.store(state, Ordering::Release);
+        self.status.send_replace(status);
+    }
+
+    /// Moves to `Stopping` unless already past `Running`; true if it did.
+    fn begin_stop(&self) -> bool {
+        let moved = [CREATED, RUNNING].into_iter().any(|from| {
+            self.state
+                .compare_exchange(from, STOPPING, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        });
+        if moved {
+            self.status.send_replace(ActorStatus::Stopping);
+        }
+        moved
+    }
+}
+
+/// One queued item of an actor.
+pub(crate) enum Work<A: Actor> {
+    Message {
+        handler: Box<dyn HandleOnce<A>>,
+        meta: Meta,
+    },
+    Supervision(ActorSupervisionEvent),
+    Undeliverable(Undeliverable),
+    Stop,
+}
+
+type HandleFuture<'a> = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send + 'a>>;
+
+/// A message bound to the handler of its type.
+pub(crate) trait HandleOnce<A: Actor>: Send {
+    fn handle<'a>(self: Box<Self>, actor: &'a mut A, cx: &'a Context<A>) -> HandleFuture<'a>;
+}
+
+struct Typed<M>(M);
+
+impl<A: Handler<M>, M: RemoteMessage> HandleOnce<A> for Typed<M> {
+    fn handle<'a>(self: Box<Self>, actor: &'a mut A, cx: &'a Context<A>) -> HandleFuture<'a> {
+        Box::pin(actor.handle(cx, self.0))
+    }
+}
+
+/// The handler port of `A` for messages of type `M`.
+struct HandlerSink<A: Actor, M> {
+    cell: Arc<ActorCell>,
+    queue: mpsc::UnboundedSender<Work<A>>,
+    _message: PhantomData<fn(M)>,
+}
+
+impl<A: Handler<M>, M: RemoteMessage> PortSink for HandlerSink<A, M> {
+    fn deliver(&self, payload: Payload<'_>, meta: Meta) -> Result<(), DeliveryFailure> {
+        if let Some(refusal) = self.cell.refusal() {
+            return Err(refusal);
+        }
+        let message = payload.into_message::<M>(&meta.dest)?;
+        let _span =
+            tracing::trace_span!("deliver", actor = %self.cell.id, message = %meta.message_type)
+                .entered();
+        self.queue
+            .send(Work::Message {
+                handler: Box::new(Typed(message)),
+                meta,
+            })
+            .map_err(|_| {
+                self.cell
+                    .refusal()
+                    .unwrap_or_else(|| self.cell.failed_reason())
+            })
+    }
+}
+
+/// The undeliverable port of an actor: returned messages go to its queue.
+struct UndeliverableSink<A: Actor> {
+    queue: mpsc::UnboundedSender<Work<A>>,
+}
+
+impl<A: Actor> PortSink for UndeliverableSink<A> {
+    fn deliver(&self, _: Payload<'_>, meta: Meta) -> Result<(), DeliveryFailure> {
+        Err(DeliveryFailure::UnknownPort {
+            port: meta.dest,
+            message_type: meta.message_type.into_owned(),
+        })
+    }
+
+    fn undeliverable(&self, undeliverable: Undeliverable) {
+        if let Err(mpsc::error::SendError(Work::Undeliverable(u))) =
+            self.queue.send(Work::Undeliverable(undeliverable))
+        {
+            tracing::debug!(undeliverable = %u, "returned to an actor that has ended");
+        }
+    }
+}
+
+/// The message types an actor takes from refs; see [`Actor::exports`].
+pub struct Exports<A: Actor> {
+    cell: Arc<ActorCell>,
+    queue: mpsc::UnboundedSender<Work<A>>,
+    pub(crate) ports: Vec<(u64, Arc<dyn PortSink>)>,
+}
+
+impl<A: Actor> Exports<A> {
+    /// Exports the handler for `M`.
+    pub fn handle<M: RemoteMessage>(&mut self) -> &mut Self
+    where
+        A: Handler<M>,
+    {
+        let sink = HandlerSink::<A, M> {
+            cell: self.cell.clone(),
+            queue: self.queue.clone(),
+            _message: PhantomData,
+        };
+        self.ports.push((handler_port::<M>(), Arc::new(sink)));
+        self
+    }
+}
+
+/// Where an actor's supervision events go.
+pub(crate) trait Owner: Send + Sync {
+    fn supervise(&self, event: ActorSupervisionEvent);
+}
+
+impl<A: Actor> Owner for ActorHandle<A> {
+    fn supervise(&self, event: ActorSupervisionEvent) {
+        if let Err(mpsc::error::SendError(Work::Supervision(event))) =
+            self.queue.send(Work::Supervision(event))
+        {
+            // The owner has ended; its own owner hears of it through the proc.
+            tracing::error!(%event, "supervision event for an owner that has ended");
+        }
+    }
+}
+
+/// What an actor's handlers see: its mailbox, identity and children.
+///
+/// Dereferences to the actor's [`Mailbox`], so `cx` sends and calls.
+pub struct Context<A: Actor> {
+    mailbox: Mailbox,
+    handle: ActorHandle<A>,
+    children: Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
+}
+
+impl<A: Actor> Context<A> {
+    /// A reference to this actor.
+    pub fn bind(&self) -> ActorRef<A> {
+        self.handle.bind()
+    }
+
+    /// Spawns a child actor in this proc, owned by this actor: its
+    /// supervision events come here, and it stops when this actor ends.
+    pub fn spawn<C: Actor>(
+        &self,
+        name: &str,
+        rank: u32,
+        actor: C,
+    ) -> Result<ActorHandle<C>, ProcError> {
+        let owner: Arc<dyn Owner> = Arc::new(self.handle.clone());
+        let child = self.mailbox.proc.spawn_owned(name, rank, actor, owner)?;
+        let stopper = child.clone();
+        self.children.lock().push(Box::new(move || stopper.stop()));
+        Ok(child)
+    }
+
+    /// Asks this actor to stop after the messages already queued (AC-2).
+    pub fn stop(&self) {
+        self.handle.stop();
+    }
+}
+
+impl<A: Actor> Deref for Context<A> {
+    type Target = Mailbox;
+
+    fn deref(&self) -> &Mailbox {
+        &self.mailbox
+    }
+}
+
+/// A local handle to a spawned actor: its status, stop and join.
+pub struct ActorHandle<A: Actor> {
+    cell: Arc<ActorCell>,
+    queue: mpsc::UnboundedSender<Work<A>>,
+}
+
+impl<A: Actor> Clone for ActorHandle<A> {
+    fn clone(&self) -> Self {
+        ActorHandle {
+            cell: self.cell.clone(),
+            queue: self.queue.clone(),
+        }
+    }
+}
+
+impl<A: Actor> ActorHandle<A> {
+    /// The actor's id.
+    pub fn actor_id(&self) -> &ActorId {
+        &self.cell.id
+    }
+
+    /// A reference to the actor that can be sent anywhere.
+    pub fn bind(&self) -> ActorRef<A> {
+        ActorRef::attest(self.cell.id.clone())
+    }
+
+    /// The actor's current status.
+    pub fn status(&self) -> ActorStatus {
+        self.cell.status.borrow().clone()
+    }
+
+    /// Asks the actor to stop after the messages already queued (AC-2).
+    pub fn stop(&self) {
+        if self.cell.begin_stop() {
+            let _ = self.queue.send(Work::Stop);
+        }
+    }
+
+    /// Waits until the actor has stopped or failed, and says which.
+    pub async fn join(&self) -> ActorStatus {
+        let mut status = self.cell.status.subscribe();
+        match status.wait_for(ActorStatus::is_terminal).await {
+            Ok(status) => status.clone(),
+            Err(_) => self.status(),
+        }
+    }
+}
+
+/// A reference to an actor of type `A` that can travel inside messages.
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct ActorRef<A> {
+    id: ActorId,
+    #[rkyv(with = rkyv::with::Skip)]
+    _actor: PhantomData<fn() -> A>,
+}
+
+impl<A> Clone for ActorRef<A> {
+    fn clone(&self) -> Self {
+        ActorRef {
+            id: self.id.clone(),
+            _actor: PhantomData,
+        }
+    }
+}
+
+impl<A> std::fmt::Debug for ActorRef<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ActorRef<{}>({})", type_name::<A>(), self.id)
+    }
+}
+
+impl<A: Actor> ActorRef<A> {
+    /// A reference to the actor `id`, trusted to be an `A`.
+    pub fn attest(id: ActorId) -> Self {
+        ActorRef {
+            id,
+            _actor: PhantomData,
+        }
+    }
+
+    /// The actor's id.
+    pub fn actor_id(&self) -> &ActorId {
+        &self.id
+    }
+
+    /// The actor's handler port for `M`.
+    pub fn port<M: RemoteMessage>(&self) -> PortRef<M>
+    where
+        A: Handler<M>,
+    {
+        PortRef::attest(self.id.port_id(handler_port::<M>()))
+    }
+
+    /// Sends `message` from `sender`; failure comes back as an [`Undeliverable`].
+    pub fn send<M: RemoteMessage>(&self, sender: &Mailbox, message: M)
+    where
+        A: Handler<M>,
+    {
+        sender.post(&self.id.port_id(handler_port::<M>()), message);
+    }
+
+    /// Sends the message `make` builds around a reply port and waits for the
+    /// reply, within the proc's call timeout. See [`Mailbox::call_port`].
+    pub async fn call<M, R>(
+        &self,
+        sender: &Mailbox,
+        make: impl FnOnce(OncePortRef<R>) -> M,
+    ) -> Result<R, CallError>
+    where
+        A: Handler<M>,
+        M: RemoteMessage,
+        R: RemoteMessage,
+    {
+        let timeout = sender.proc().config().call_timeout;
+        self.call_timeout(sender, make, timeout).await
+    }
+
+    /// [`ActorRef::call`] with its own timeout.
+    pub async fn call_timeout<M, R>(
+        &self,
+        sender: &Mailbox,
+        make: impl FnOnce(OncePortRef<R>) -> M,
+        timeout: Duration,
+    ) -> Result<R, CallError>
+    where
+        A: Handler<M>,
+        M: RemoteMessage,
+        R: RemoteMessage,
+    {
+        let dest = self.id.port_id(handler_port::<M>());
+        sender.call_port(&dest, make, timeout).await
+    }
+}
+
+/// Builds an actor's mailbox and ports and starts its task.
+pub(crate) fn start<A: Actor>(
+    proc: &Proc,
+    id: ActorId,
+    actor: A,
+    owner: Arc<dyn Owner>,
+) -> Result<ActorHandle<A>, ProcError> {
+    let (queue, rx) = mpsc::unbounded_channel();
+    let cell = Arc::new(ActorCell::new(id.clone()));
+    let mut exports = Exports {
+        cell: cell.clone(),
+        queue: queue.clone(),
+        ports: Vec::new(),
+    };
+    A::exports(&mut exports);
+    let terminated = {
+        let cell = cell.clone();
+        Box::new(move || cell.is_terminal())
+    };
+    let entry = Arc::new(crate::mailbox::MailboxEntry::new(id, terminated));
+    for (port, sink) in exports.ports {
+        entry.bind(port, sink);
+    }
+    entry.bind(
+        UNDELIVERABLE_PORT,
+        Arc::new(UndeliverableSink::<A> {
+            queue: queue.clone(),
+        }),
+    );
+    proc.register(entry.clone())?;
+    let handle = ActorHandle { cell, queue };
+    let cx = Context {
+        mailbox: Mailbox::for_actor(proc.clone(), entry),
+        handle: handle.clone(),
+        children: Mutex::new(Vec::new()),
+    };
+    proc.runtime().spawn(run(actor, cx, rx, owner));
+    Ok(handle)
+}
+
+/// Why the run loop ended.
+enum Exit {
+    Stopped,
+    Failed {
+        reason: String,
+        current: Option<Meta>,
+    },
+}
+
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        format!("panicked: {s}")
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        format!("panicked: {s}")
+    } else {
+        "panicked".to_string()
+    }
+}
+
+/// Runs a future that may panic; a panic becomes an error text.
+async fn guarded<T>(fut: impl Future<Output = anyhow::Result<T>>) -> Result<T, String> {
+    match AssertUnwindSafe(fut).catch_unwind().await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(err)) => Err(format!("{err:#}")),
+        Err(panic) => Err(panic_text(panic.as_ref())),
+    }
+}
+
+async fn run<A: Actor>(
+    mut actor: A,
+    cx: Context<A>,
+    mut rx: mpsc::UnboundedReceiver<Work<A>>,
+    owner: Arc<dyn Owner>,
+) {
+    let cell = cx.handle.cell.clone();
+    let exit = match guarded(actor.init(&cx)).await {
+        Err(reason) => Exit::Failed {
+            reason: format!("init failed: {reason}"),
+            current: None,
+        },
+        Ok(()) => {
+            let _ = cell
+                .state
+                .compare_exchange(CREATED, RUNNING, Ordering::AcqRel, Ordering::Acquire)
+                .map(|_| cell.status.send_replace(ActorStatus::Running));
+            handle_messages(&mut actor, &cx, &mut rx).await
+        }
+    };
+    rx.close();
+    let proc = cx.mailbox.proc.clone();
+    match exit {
+        Exit::Stopped => {
+            let refusal = DeliveryFailure::StoppedReceiver {
+                actor: cell.id.clone(),
+            };
+            fail_queue(&proc, &mut rx, &refusal);
+            cell.set_status(STOPPED, ActorStatus::Stopped);
+            tracing::debug!(actor = %cell.id, "stopped");
+        }
+        Exit::Failed { reason, current } => {
+            let event = ActorSupervisionEvent {
+                actor_id: cell.id.clone(),
+                reason,
+                message: current.as_ref().map(|meta| meta.message_type.to_string()),
+            };
+            let _ = cell.failure.set(event.clone());
+            cell.state.store(FAILED, Ordering::Release);
+            tracing::error!(%event, "actor failed");
+            let failure = DeliveryFailure::ActorFailed(event.clone());
+            if let Some(meta) = current {
+                proc.fail_delivery(&meta, failure.clone());
+            }
+            fail_queue(&proc, &mut rx, &failure);
+            cell.status.send_replace(ActorStatus::Failed(event.clone()));
+            owner.supervise(event);
+        }
+    }
+    for stop_child in cx.children.lock().drain(..) {
+        stop_child();
+    }
+}
+
+async fn handle_messages<A: Actor>(
+    actor: &mut A,
+    cx: &Context<A>,
+    rx: &mut mpsc::UnboundedReceiver<Work<A>>,
+) -> Exit {
+    while let Some(work) = rx.recv().await {
+        match work {
+            Work::Message { handler, meta } => {
+                let span = tracing::debug_span!("handle", actor = %cx.actor_id(), message = %meta.message_type);
+                let outcome = guarded(handler.handle(actor, cx)).instrument(span).await;
+                if let Err(reason) = outcome {
+                    return Exit::Failed {
+                        reason,
+                        current: Some(meta),
+                    };
+                }
+            }
+            Work::Supervision(event) => match guarded(actor.handle_supervision_event(cx, &event))
+                .await
+            {
+                Ok(true) => tracing::info!(actor = %cx.actor_id(), %event, "child failure handled"),
+                Ok(false) => {
+                    return Exit::Failed {
+                        reason: format!("unhandled failure of child: {event}"),
+                        current: None,
+                    };
+                }
+                Err(reason) => {
+                    return Exit::Failed {
+                        reason: format!("supervision handler failed: {reason}"),
+                        current: None,
+                    };
+                }
+            },
+            Work::Undeliverable(undeliverable) => {
+                if let Err(reason) = guarded(actor.handle_undeliverable(cx, undeliverable)).await {
+                    return Exit::Failed {
+                        reason: format!("undeliverable handler failed: {reason}"),
+                        current: None,
+                    };
+                }
+            }
+            Work::Stop => return Exit::Stopped,
+        }
+    }
+    Exit::Stopped
+}
+
+/// Fails everything still queued after the actor ended (AC-2, AC-3).
+fn fail_queue<A: Actor>(
+    proc: &Proc,
+    rx: &mut mpsc::UnboundedReceiver<Work<A>>,
+    failure: &DeliveryFailure,
+) {
+    while let Ok(work) = rx.try_recv() {
+        match work {
+            Work::Message { meta, .. } => proc.fail_delivery(&meta, failure.clone()),
+            Work::Supervision(event) => {
+                tracing::error!(%event, "supervision event for an actor that has ended")
+            }
+            Work::Undeliverable(_) | Work::Stop => {}
+        }
+    }
+}
+
+pub(crate) fn meta_for<M: 'static>(
+    sender: &ActorId,
+    dest: &crate::id::PortId,
+    return_port: Option<crate::id::PortId>,
+) -> Meta {
+    Meta {
+        sender: sender.clone(),
+        dest: dest.clone(),
+        return_port,
+        message_type: Cow::Borrowed(type_name::<M>()),
+    }
+}

@@ -1,0 +1,416 @@
+//! The sending side of a channel: one link per destination address.
+//!
+//! A link numbers its data frames, keeps each one until the peer acknowledges
+//! it, and survives broken connections:
+//!
+//! - LK-1: frames are written in sequence order on each connection.
+//! - LK-2: after a reconnect every unacknowledged frame is written again, in
+//!   order, before any new one; the receiver drops the ones it already has
+//!   (see `proc::Session`), so nothing is lost and nothing is delivered twice.
+//! - LK-3: when no connection can be made for the delivery timeout, or the
+//!   peer acknowledges nothing for that long while frames wait, the link dies
+//!   and hands every unacknowledged frame's return info back to its owner,
+//!   which reports them undeliverable. A dead link takes no more frames.
+//! - LK-4: writes never block the sender: the sending task writes what the
+//!   socket takes at once, and the link's own task writes the rest when the
+//!   socket has room. Whoever finds the socket idle writes; everyone else
+//!   appends, so bursts leave in few system calls.
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, MutexGuard};
+use rkyv::util::AlignedVec;
+use tokio::sync::Notify;
+
+use super::ChannelAddr;
+use super::frame::{FrameKind, FrameReader, set_seq, small_frame};
+use super::transport::{self, ReadHalf, WriteHalf};
+
+const MIN_BACKOFF: Duration = Duration::from_millis(5);
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
+const MAX_CONNECT_WAIT: Duration = Duration::from_secs(5);
+
+/// Counters shared by the links and receivers of a proc.
+#[derive(Debug, Default)]
+pub struct ChannelStats {
+    /// Frames written again after a reconnect.
+    pub retransmitted: AtomicU64,
+    /// Connections re-established after a loss.
+    pub reconnects: AtomicU64,
+    /// Data frames a receiver dropped because it already had them.
+    pub duplicates_dropped: AtomicU64,
+    /// Connections closed because of a bad frame.
+    pub bad_frames: AtomicU64,
+}
+
+/// Settings a link needs.
+#[derive(Debug, Clone)]
+pub(crate) struct LinkConfig {
+    pub(crate) delivery_timeout: Duration,
+}
+
+/// Called once when a link dies, with the return info of every frame that was
+/// not acknowledged, in order, and the last connection error.
+pub(crate) type OnDead<T> = Box<dyn Fn(&ChannelAddr, Vec<T>, String) + Send + Sync>;
+
+struct Pending<T> {
+    seq: u64,
+    frame: AlignedVec,
+    sent: Instant,
+    ret: T,
+}
+
+struct LinkState<T> {
+    next_seq: u64,
+    unacked: VecDeque<Pending<T>>,
+    conn: Option<Arc<WriteHalf>>,
+    generation: u64,
+    /// Bytes for the current connection that nobody is writing yet.
+    out: Vec<u8>,
+    spare: Vec<u8>,
+    flushing: bool,
+    waiting_writable: bool,
+    broken: bool,
+    dead: bool,
+    last_ack: Instant,
+}
+
+/// The sending side of a channel to one address.
+pub(crate) struct Link<T> {
+    dest: ChannelAddr,
+    hello: Vec<u8>,
+    config: LinkConfig,
+    state: Mutex<LinkState<T>>,
+    wake: Notify,
+    on_dead: OnDead<T>,
+    stats: Arc<ChannelStats>,
+}
+
+impl<T: Send + 'static> Link<T> {
+    /// A link to `dest`; `hello_from` names the sending proc in the handshake.
+    /// Start it with [`Link::run`].
+    pub(crate) fn new(
+        dest: ChannelAddr,
+        session: u64,
+        hello_from: &str,
+        config: LinkConfig,
+        stats: Arc<ChannelStats>,
+        on_dead: OnDead<T>,
+    ) -> Arc<Self> {
+        Arc::new(Link {
+            dest,
+            hello: small_frame(FrameKind::Hello, session, hello_from.as_bytes()),
+            config,
+            state: Mutex::new(LinkState {
+                next_seq: 1,
+                unacked: VecDeque::new(),
+                conn: None,
+                generation: 0,
+                out: Vec::new(),
+                spare: Vec::new(),
+                flushing: false,
+                waiting_writable: false,
+                broken: false,
+                dead: false,
+                last_ack: Instant::now(),
+            }),
+            wake: Notify::new(),
+            on_dead,
+            stats,
+        })
+    }
+
+    pub(crate) fn is_dead(&self) -> bool {
+        self.state.lock().dead
+    }
+
+    /// Queues a data frame (made by `frame::frame_buffer` and
+    /// `frame::finish_frame`); its sequence number is filled in here.
+    /// A dead link hands both back.
+    pub(crate) fn send(&self, mut frame: AlignedVec, ret: T) -> Result<(), (AlignedVec, T)> {
+        let mut st = self.state.lock();
+        if st.dead {
+            return Err((frame, ret));
+        }
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        set_seq(frame.as_mut_slice(), seq);
+        if st.conn.is_some() {
+            st.out.extend_from_slice(&frame);
+        }
+        st.unacked.push_back(Pending {
+            seq,
+            frame,
+            sent: Instant::now(),
+            ret,
+        });
+        self.flush(st);
+        Ok(())
+    }
+
+    /// Drops the current connection; the link reconnects and retransmits.
+    pub(crate) fn reset(&self) {
+        self.state.lock().broken = true;
+        self.wake.notify_one();
+    }
+
+    /// Writes `out` unless someone else is already writing (LK-4).
+    fn flush(&self, mut st: MutexGuard<'_, LinkState<T>>) {
+        if st.flushing || st.waiting_writable || st.out.is_empty() {
+            return;
+        }
+        let Some(conn) = st.conn.clone() else {
+            return;
+        };
+        let generation = st.generation;
+        st.flushing = true;
+        let spare = std::mem::take(&mut st.spare);
+        let mut buf = std::mem::replace(&mut st.out, spare);
+        drop(st);
+        loop {
+            let mut written = 0;
+            let mut failed = None;
+            let mut blocked = false;
+            while written < buf.len() {
+                match conn.try_write(&buf[written..]) {
+                    Ok(0) => {
+                        failed = Some(io::Error::from(io::ErrorKind::WriteZero));
+                        break;
+                    }
+                    Ok(n) => written += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        blocked = true;
+                        break;
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            let mut st = self.state.lock();
+            if st.generation != generation {
+                // A new connection replaced this one and rewrote everything unacknowledged.
+                return;
+            }
+            if let Some(e) = failed {
+                tracing::debug!(dest = %self.dest, error = %e, "write failed");
+                st.flushing = false;
+                st.broken = true;
+                drop(st);
+                self.wake.notify_one();
+                return;
+            }
+            if blocked {
+                buf.drain(..written);
+                buf.extend_from_slice(&st.out);
+                st.out.clear();
+                std::mem::swap(&mut st.out, &mut buf);
+                st.spare = buf;
+                st.flushing = false;
+                st.waiting_writable = true;
+                drop(st);
+                self.wake.notify_one();
+                return;
+            }
+            buf.clear();
+            if st.out.is_empty() {
+                st.spare = buf;
+                st.flushing = false;
+                return;
+            }
+            std::mem::swap(&mut buf, &mut st.out);
+        }
+    }
+
+    /// The link's task: connects, reconnects with backoff, reads acks and
+    /// watches the delivery timeout until the link dies.
+    pub(crate) async fn run(self: Arc<Self>) {
+        let mut backoff = MIN_BACKOFF;
+        let mut down_since = Instant::now();
+        let mut connected_before = false;
+        let mut last_error = String::from("never connected");
+        loop {
+            let elapsed = down_since.elapsed();
+            if elapsed >= self.config.delivery_timeout {
+                self.die(format!("could not connect: {last_error}"));
+                return;
+            }
+            let remaining = self.config.delivery_timeout - elapsed;
+            let attempt = tokio::time::timeout(
+                remaining.min(MAX_CONNECT_WAIT),
+                transport::connect(&self.dest),
+            )
+            .await;
+            let conn = match attempt {
+                Ok(Ok(conn)) => conn,
+                Ok(Err(e)) => {
+                    last_error = e.to_string();
+                    tokio::time::sleep(backoff.min(remaining)).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    continue;
+                }
+                Err(_) => {
+                    last_error = "connect timed out".into();
+                    continue;
+                }
+            };
+            let (rd, wr) = conn.into_split();
+            if let Err(e) = wr.write_all(&self.hello).await {
+                last_error = e.to_string();
+                continue;
+            }
+            let wr = Arc::new(wr);
+            {
+                let mut st = self.state.lock();
+                if st.dead {
+                    return;
+                }
+                st.generation += 1;
+                st.conn = Some(wr.clone());
+                st.broken = false;
+                st.flushing = false;
+                st.waiting_writable = false;
+                st.last_ack = Instant::now();
+                let mut out = std::mem::take(&mut st.out);
+                out.clear();
+                for pending in &st.unacked {
+                    out.extend_from_slice(&pending.frame);
+                }
+                if connected_before {
+                    self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
+                    self.stats
+                        .retransmitted
+                        .fetch_add(st.unacked.len() as u64, Ordering::Relaxed);
+                    tracing::debug!(dest = %self.dest, resent = st.unacked.len(), "reconnected");
+                }
+                st.out = out;
+                self.flush(st);
+            }
+            connected_before = true;
+            backoff = MIN_BACKOFF;
+            let outcome = self.serve(rd, &wr).await;
+            {
+                let mut st = self.state.lock();
+                st.conn = None;
+                st.out.clear();
+                st.flushing = false;
+                st.waiting_writable = false;
+                if st.dead {
+                    return;
+                }
+            }
+            match outcome {
+                Served::Lost(reason) => {
+                    tracing::debug!(dest = %self.dest, %reason, "connection lost; reconnecting");
+                    last_error = reason;
+                    down_since = Instant::now();
+                }
+                Served::Dead(reason) => {
+                    self.die(reason);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Runs one connection until it breaks.
+    async fn serve(&self, mut rd: ReadHalf, wr: &WriteHalf) -> Served {
+        let mut reader = FrameReader::new(64 * 1024);
+        let check_every = (self.config.delivery_timeout / 4)
+            .clamp(Duration::from_millis(10), Duration::from_secs(1));
+        let mut next_check = tokio::time::Instant::now() + check_every;
+        loop {
+            loop {
+                match reader.next_frame() {
+                    Ok(Some((header, _))) if header.kind == FrameKind::Ack => {
+                        let mut st = self.state.lock();
+                        while st.unacked.front().is_some_and(|p| p.seq <= header.seq) {
+                            st.unacked.pop_front();
+                        }
+                        st.last_ack = Instant::now();
+                    }
+                    Ok(Some((header, _))) => {
+                        return Served::Lost(format!(
+                            "peer sent a {:?} frame on a link",
+                            header.kind
+                        ));
+                    }
+                    Ok(None) => break,
+                    Err(e) => return Served::Lost(format!("bad frame from peer: {e}")),
+                }
+            }
+            let waiting_writable = {
+                let st = self.state.lock();
+                if st.broken {
+                    return Served::Lost("connection reset".into());
+                }
+                st.waiting_writable
+            };
+            tokio::select! {
+                biased;
+                filled = reader.fill(&mut rd) => match filled {
+                    Ok(true) => {}
+                    Ok(false) => return Served::Lost("peer closed the connection".into()),
+                    Err(e) => return Served::Lost(e.to_string()),
+                },
+                ready = wr.writable(), if waiting_writable => {
+                    if let Err(e) = ready {
+                        return Served::Lost(e.to_string());
+                    }
+                    let mut st = self.state.lock();
+                    st.waiting_writable = false;
+                    self.flush(st);
+                }
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep_until(next_check) => {
+                    next_check = tokio::time::Instant::now() + check_every;
+                    let st = self.state.lock();
+                    let timeout = self.config.delivery_timeout;
+                    let stalled = st
+                        .unacked
+                        .front()
+                        .is_some_and(|p| p.sent.elapsed() > timeout)
+                        && st.last_ack.elapsed() > timeout;
+                    if stalled {
+                        return Served::Dead(format!(
+                            "no acknowledgement for {} ms",
+                            timeout.as_millis()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    fn die(&self, reason: String) {
+        let undelivered: Vec<T> = {
+            let mut st = self.state.lock();
+            if st.dead {
+                return;
+            }
+            st.dead = true;
+            st.conn = None;
+            st.out = Vec::new();
+            st.unacked.drain(..).map(|p| p.ret).collect()
+        };
+        tracing::warn!(
+            dest = %self.dest,
+            undelivered = undelivered.len(),
+            %reason,
+            "link dead: peer unreachable past the delivery timeout"
+        );
+        (self.on_dead)(&self.dest, undelivered, reason);
+    }
+}
+
+enum Served {
+    /// The connection broke; try again.
+    Lost(String),
+    /// The peer is unreachable past the delivery timeout.
+    Dead(String),
+}

@@ -1,0 +1,19 @@
+//! Channels: how envelopes move between procs.
+//!
+//! A channel is chosen by its address ([`ChannelAddr`]): in-process, Unix
+//! socket or TCP. All three carry the same length-prefixed frames
+//! (`frame`). The sending side is a *link* per destination address, which
+//! numbers frames, keeps them until acknowledged, and reconnects with backoff
+//! (`link`); the receiving side, in the proc, drops duplicates and
+//! acknowledges in batches. Together they keep messages from one proc to
+//! another in order and exactly once while the peer is reachable, and report
+//! every unacknowledged message when it is not.
+
+mod addr;
+pub(crate) mod frame;
+pub(crate) mod link;
+pub(crate) mod transport;
+
+pub use addr::{AddrParseError, ChannelAddr};
+pub use frame::FrameError;
+pub use link::ChannelStats;

@@ -1,0 +1,325 @@
+//! Identities of procs, actors and ports, and their text forms.
+//!
+//! Every identity has one stable text form that [`Display`](fmt::Display)
+//! writes and [`FromStr`] reads back:
+//!
+//! | identity | form | example |
+//! | --- | --- | --- |
+//! | [`ProcId`] | `ADDR,PROC` | `tcp:127.0.0.1:4000,worker` |
+//! | [`ActorId`] | `ADDR,PROC,ACTOR[RANK]` | `unix:/tmp/w.sock,worker,echo[3]` |
+//! | [`PortId`] | `ADDR,PROC,ACTOR[RANK][PORT]` | `local:a,a,client[0][7]` |
+//!
+//! Names are made of ASCII letters, digits, `-`, `_` and `.`, so the text is
+//! parsed from the right and an address may hold any character.
+//!
+//! Identities are cheap to clone (one reference count) because every message
+//! carries two of them.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use crate::channel::ChannelAddr;
+
+/// Why a text could not be read as an identity.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdParseError {
+    /// The text has fewer `,`-separated parts than the identity needs.
+    #[error("`{0}` is not an identity: expected ADDR,PROC[,ACTOR[RANK]]")]
+    MissingPart(String),
+    /// A name holds a character outside `[A-Za-z0-9_.-]` or is empty.
+    #[error("invalid name `{0}`: use ASCII letters, digits, `-`, `_` and `.`")]
+    InvalidName(String),
+    /// The `[RANK]` or `[PORT]` suffix is missing or not a number.
+    #[error("invalid index in `{0}`: expected NAME[NUMBER]")]
+    InvalidIndex(String),
+    /// The address part is not a channel address.
+    #[error(transparent)]
+    Addr(#[from] crate::channel::AddrParseError),
+}
+
+/// Checks that `name` can appear in an identity.
+pub fn validate_name(name: &str) -> Result<(), IdParseError> {
+    let ok = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(IdParseError::InvalidName(name.to_string()))
+    }
+}
+
+#[derive(
+    Debug,
+    Clone,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    rkyv::Archive,
+    rkyv::Serialize,
+    rkyv::Deserialize,
+)]
+struct ProcIdInner {
+    addr: ChannelAddr,
+    name: String,
+}
+
+/// The identity of a proc: the address it serves on and its name.
+#[derive(
+    Clone, PartialEq, Eq, Hash, PartialOrd, Ord, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+pub struct ProcId(Arc<ProcIdInner>);
+
+impl ProcId {
+    /// A proc id from an address and a name. Fails on an invalid name.
+    pub fn new(addr: ChannelAddr, name: &str) -> Result<Self, IdParseError> {
+        validate_name(name)?;
+        Ok(ProcId(Arc::new(ProcIdInner {
+            addr,
+            name: name.to_string(),
+        })))
+    }
+
+    /// The address the proc serves on.
+    pub fn addr(&self) -> &ChannelAddr {
+        &self.0.addr
+    }
+
+    /// The proc's name.
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    /// The id of the actor `name[rank]` in this proc.
+    pub fn actor_id(&self, name: &str, rank: u32) -> Result<ActorId, IdParseError> {
+        validate_name(name)?;
+        Ok(ActorId(Arc::new(ActorIdInner {
+            proc: self.clone(),
+            name: name.to_string(),
+            rank,
+        })))
+    }
+
+    pub(crate) fn same(&self, other: &ProcId) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+    }
+}
+
+impl fmt::Display for ProcId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{},{}", self.0.addr, self.0.name)
+    }
+}
+
+impl fmt::Debug for ProcId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ProcId({self})")
+    }
+}
+
+impl FromStr for ProcId {
+    type Err = IdParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (addr, name) = s
+            .rsplit_once(',')
+            .ok_or_else(|| IdParseError::MissingPart(s.to_string()))?;
+        ProcId::new(addr.parse()?, name)
+    }
+}
+
+#[derive(
+    Debug,
+    Clone,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    rkyv::Archive,
+    rkyv::Serialize,
+    rkyv::Deserialize,
+)]
+struct ActorIdInner {
+    proc: ProcId,
+    name: String,
+    rank: u32,
+}
+
+/// The identity of an actor: its proc, its name and its rank.
+///
+/// Actors of one mesh share a name and differ by rank; a lone actor has rank 0.
+#[derive(
+    Clone, PartialEq, Eq, Hash, PartialOrd, Ord, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+pub struct ActorId(Arc<ActorIdInner>);
+
+impl ActorId {
+    /// The actor's proc.
+    pub fn proc_id(&self) -> &ProcId {
+        &self.0.proc
+    }
+
+    /// The actor's name.
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    /// The actor's rank.
+    pub fn rank(&self) -> u32 {
+        self.0.rank
+    }
+
+    /// The id of port `port` of this actor.
+    pub fn port_id(&self, port: u64) -> PortId {
+        PortId {
+            actor: self.clone(),
+            port,
+        }
+    }
+}
+
+impl fmt::Display for ActorId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{},{}[{}]", self.0.proc, self.0.name, self.0.rank)
+    }
+}
+
+impl fmt::Debug for ActorId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ActorId({self})")
+    }
+}
+
+/// Splits `name[index]` into its parts.
+fn split_indexed(s: &str) -> Result<(&str, u64), IdParseError> {
+    let bad = || IdParseError::InvalidIndex(s.to_string());
+    let body = s.strip_suffix(']').ok_or_else(bad)?;
+    let (name, index) = body.rsplit_once('[').ok_or_else(bad)?;
+    if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    Ok((name, index.parse().map_err(|_| bad())?))
+}
+
+impl FromStr for ActorId {
+    type Err = IdParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (proc, actor) = s
+            .rsplit_once(',')
+            .ok_or_else(|| IdParseError::MissingPart(s.to_string()))?;
+        let (name, rank) = split_indexed(actor)?;
+        let rank = u32::try_from(rank).map_err(|_| IdParseError::InvalidIndex(s.to_string()))?;
+        proc.parse::<ProcId>()?.actor_id(name, rank)
+    }
+}
+
+/// The identity of a port: an actor and a port number in its mailbox.
+#[derive(
+    Clone, PartialEq, Eq, Hash, PartialOrd, Ord, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+pub struct PortId {
+    actor: ActorId,
+    port: u64,
+}
+
+impl PortId {
+    /// The actor that owns the port.
+    pub fn actor_id(&self) -> &ActorId {
+        &self.actor
+    }
+
+    /// The port number within the actor's mailbox.
+    pub fn index(&self) -> u64 {
+        self.port
+    }
+}
+
+impl fmt::Display for PortId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[{}]", self.actor, self.port)
+    }
+}
+
+impl fmt::Debug for PortId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PortId({self})")
+    }
+}
+
+impl FromStr for PortId {
+    type Err = IdParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (actor, port) = split_indexed(s)?;
+        Ok(actor.parse::<ActorId>()?.port_id(port))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_forms_round_trip() {
+        for text in [
+            "tcp:127.0.0.1:4000,worker",
+            "unix:/tmp/a,b/w.sock,worker",
+            "local:one,one",
+            "tcp:[::1]:9,p-1.x_y",
+        ] {
+            let id: ProcId = text.parse().unwrap();
+            assert_eq!(id.to_string(), text);
+            let actor = id.actor_id("echo", 3).unwrap();
+            let actor_text = format!("{text},echo[3]");
+            assert_eq!(actor.to_string(), actor_text);
+            assert_eq!(actor_text.parse::<ActorId>().unwrap(), actor);
+            let port = actor.port_id(77);
+            assert_eq!(port.to_string(), format!("{actor_text}[77]"));
+            assert_eq!(port.to_string().parse::<PortId>().unwrap(), port);
+        }
+    }
+
+    #[test]
+    fn parts_are_read_back() {
+        let actor: ActorId = "unix:/run/x.sock,trainer,worker[12]".parse().unwrap();
+        assert_eq!(actor.name(), "worker");
+        assert_eq!(actor.rank(), 12);
+        assert_eq!(actor.proc_id().name(), "trainer");
+        assert_eq!(actor.proc_id().addr().to_string(), "unix:/run/x.sock");
+    }
+
+    #[test]
+    fn bad_text_is_rejected_with_a_reason() {
+        assert!(matches!(
+            "worker".parse::<ProcId>(),
+            Err(IdParseError::MissingPart(_))
+        ));
+        assert!(matches!(
+            "tcp:127.0.0.1:1,p,echo".parse::<ActorId>(),
+            Err(IdParseError::InvalidIndex(_))
+        ));
+        assert!(matches!(
+            "tcp:127.0.0.1:1,p,echo[-1]".parse::<ActorId>(),
+            Err(IdParseError::InvalidIndex(_))
+        ));
+        assert!(matches!(
+            "tcp:127.0.0.1:1,p,echo[99999999999]".parse::<ActorId>(),
+            Err(IdParseError::InvalidIndex(_))
+        ));
+        assert!(matches!(
+            "tcp:127.0.0.1:1,p q".parse::<ProcId>(),
+            Err(IdParseError::InvalidName(_))
+        ));
+        assert!(matches!(
+            "carrier-pigeon:x,p".parse::<ProcId>(),
+            Err(IdParseError::Addr(_))
+        ));
+        assert!(ProcId::new("local:x".parse().unwrap(), "").is_err());
+    }
+}

@@ -1,0 +1,529 @@
+//! Mailboxes and ports: where messages land.
+//!
+//! Every actor, and every client attached to a proc, has a [`Mailbox`]: an
+//! [`ActorId`] and a set of numbered ports. A port is where messages of one
+//! type arrive:
+//!
+//! - handler ports, one per message type an actor exports, feed the actor's
+//!   handlers;
+//! - [`Port<M>`] is a port opened at run time that receives many messages;
+//! - [`OncePort<M>`] receives exactly one message, usually the reply to a
+//!   call, or the failure that stands in for it.
+//!
+//! The receiving end stays in the mailbox; what travels is a reference,
+//! [`PortRef<M>`] or [`OncePortRef<M>`], which can be put inside a message to
+//! another proc and still reaches the port from there.
+//!
+//! Invariants:
+//! - MB-1: a once-port takes one delivery, message or failure, then closes.
+//! - MB-2: a call's once-port fails, and the call ends, when the request is
+//!   undeliverable, when the actor fails before replying, when the proc it
+//!   waits on becomes unreachable, or when the call timeout passes.
+//! - MB-3: dropping a port's receiving end closes the port; later messages
+//!   to it are undeliverable (`UnknownPort`).
+
+use std::any::{Any, type_name};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::channel::ChannelAddr;
+use crate::failure::{CallError, DeliveryFailure, Undeliverable};
+use crate::id::{ActorId, PortId};
+use crate::message::RemoteMessage;
+use crate::proc::Proc;
+
+/// The port every mailbox receives its undeliverable messages on.
+pub(crate) const UNDELIVERABLE_PORT: u64 = 0;
+
+/// Addressing that travels with a message, kept to report it if it fails.
+#[derive(Debug, Clone)]
+pub(crate) struct Meta {
+    pub(crate) sender: ActorId,
+    pub(crate) dest: PortId,
+    pub(crate) return_port: Option<PortId>,
+    pub(crate) message_type: Cow<'static, str>,
+}
+
+/// A message on its way into a port.
+pub(crate) enum Payload<'a> {
+    /// The value itself, from this proc.
+    Local(Box<dyn Any + Send>),
+    /// An archive from another proc, not yet validated.
+    Remote(&'a [u8]),
+}
+
+impl Payload<'_> {
+    /// Takes the message out as an `M`, validating and decoding an archive.
+    pub(crate) fn into_message<M: RemoteMessage>(
+        self,
+        dest: &PortId,
+    ) -> Result<M, DeliveryFailure> {
+        match self {
+            Payload::Local(value) => {
+                value
+                    .downcast::<M>()
+                    .map(|m| *m)
+                    .map_err(|_| DeliveryFailure::Malformed {
+                        port: dest.clone(),
+                        detail: format!("port does not take {}", type_name::<M>()),
+                    })
+            }
+            Payload::Remote(bytes) => M::decode(bytes).map_err(|e| DeliveryFailure::Malformed {
+                port: dest.clone(),
+                detail: e.to_string(),
+            }),
+        }
+    }
+}
+
+/// The receiving end of a port, as the router sees it.
+pub(crate) trait PortSink: Send + Sync {
+    /// Takes a message.
+    fn deliver(&self, payload: Payload<'_>, meta: Meta) -> Result<(), DeliveryFailure>;
+    /// Takes a failure that stands in for a message (once-ports end with it).
+    fn fail(&self, failure: DeliveryFailure) {
+        let _ = failure;
+    }
+    /// Takes a message that came back undelivered (the undeliverable port only).
+    fn undeliverable(&self, undeliverable: Undeliverable) {
+        tracing::warn!(%undeliverable, "undeliverable message dropped");
+    }
+    /// A once-port leaves the mailbox when it takes its delivery.
+    fn is_once(&self) -> bool {
+        false
+    }
+    /// The proc a once-port waits on, to fail it if that proc becomes unreachable.
+    fn expects_from(&self) -> Option<&ChannelAddr> {
+        None
+    }
+}
+
+/// A mailbox as the proc's router holds it.
+pub(crate) struct MailboxEntry {
+    pub(crate) id: ActorId,
+    ports: Mutex<HashMap<u64, Arc<dyn PortSink>>>,
+    next_port: AtomicU64,
+    /// Whether a stopped or failed actor may be replaced by a new one.
+    pub(crate) terminated: Box<dyn Fn() -> bool + Send + Sync>,
+}
+
+impl MailboxEntry {
+    pub(crate) fn new(id: ActorId, terminated: Box<dyn Fn() -> bool + Send + Sync>) -> Self {
+        MailboxEntry {
+            id,
+            ports: Mutex::new(HashMap::new()),
+            next_port: AtomicU64::new(1),
+            terminated,
+        }
+    }
+
+    pub(crate) fn bind(&self, port: u64, sink: Arc<dyn PortSink>) {
+        self.ports.lock().insert(port, sink);
+    }
+
+    fn open(&self, sink: Arc<dyn PortSink>) -> u64 {
+        let port = self.next_port.fetch_add(1, Ordering::Relaxed);
+        self.bind(port, sink);
+        port
+    }
+
+    pub(crate) fn close(&self, port: u64) {
+        self.ports.lock().remove(&port);
+    }
+
+    fn sink(&self, port: u64) -> Option<Arc<dyn PortSink>> {
+        let mut ports = self.ports.lock();
+        let sink = ports.get(&port)?;
+        if sink.is_once() {
+            ports.remove(&port)
+        } else {
+            Some(sink.clone())
+        }
+    }
+
+    /// Delivers a message to one of this mailbox's ports.
+    pub(crate) fn deliver(&self, payload: Payload<'_>, meta: Meta) -> Result<(), DeliveryFailure> {
+        match self.sink(meta.dest.index()) {
+            Some(sink) => sink.deliver(payload, meta),
+            None => Err(DeliveryFailure::UnknownPort {
+                port: meta.dest.clone(),
+                message_type: meta.message_type.into_owned(),
+            }),
+        }
+    }
+
+    /// Delivers a failure to a port; a port that is gone needs no news (DF-2).
+    pub(crate) fn fail(&self, port: u64, failure: DeliveryFailure) {
+        if let Some(sink) = self.sink(port) {
+            sink.fail(failure);
+        }
+    }
+
+    /// Hands a returned message to this mailbox's owner.
+    pub(crate) fn undeliverable(&self, undeliverable: Undeliverable) {
+        match self.ports.lock().get(&UNDELIVERABLE_PORT).cloned() {
+            Some(sink) => sink.undeliverable(undeliverable),
+            None => tracing::warn!(%undeliverable, "undeliverable message dropped"),
+        }
+    }
+
+    /// Fails every once-port waiting on a reply from `addr`.
+    pub(crate) fn fail_expecting(&self, addr: &ChannelAddr, failure: &DeliveryFailure) {
+        let waiting: Vec<Arc<dyn PortSink>> = {
+            let mut ports = self.ports.lock();
+            let keys: Vec<u64> = ports
+                .iter()
+                .filter(|(_, sink)| sink.expects_from() == Some(addr))
+                .map(|(port, _)| *port)
+                .collect();
+            keys.iter().filter_map(|port| ports.remove(port)).collect()
+        };
+        for sink in waiting {
+            sink.fail(failure.clone());
+        }
+    }
+}
+
+/// A mailbox: an identity that can send messages and open ports.
+///
+/// Actors reach theirs through their [`Context`](crate::Context); code outside
+/// actors gets one from [`Proc::attach`].
+#[derive(Clone)]
+pub struct Mailbox {
+    pub(crate) proc: Proc,
+    pub(crate) entry: Arc<MailboxEntry>,
+    _client: Option<Arc<ClientGuard>>,
+}
+
+/// Removes a client mailbox from its proc when its last clone goes.
+struct ClientGuard {
+    proc: Proc,
+    id: ActorId,
+}
+
+impl Drop for ClientGuard {
+    fn drop(&mut self) {
+        self.proc.unregister(&self.id);
+    }
+}
+
+impl Mailbox {
+    pub(crate) fn for_actor(proc: Proc, entry: Arc<MailboxEntry>) -> Self {
+        Mailbox {
+            proc,
+            entry,
+            _client: None,
+        }
+    }
+
+    pub(crate) fn for_client(
+        proc: Proc,
+        entry: Arc<MailboxEntry>,
+    ) -> (Self, mpsc::UnboundedReceiver<Undeliverable>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        entry.bind(UNDELIVERABLE_PORT, Arc::new(ClientUndeliverable(tx)));
+        let guard = Arc::new(ClientGuard {
+            proc: proc.clone(),
+            id: entry.id.clone(),
+        });
+        (
+            Mailbox {
+                proc,
+                entry,
+                _client: Some(guard),
+            },
+            rx,
+        )
+    }
+
+    /// This mailbox's identity; messages it sends carry it as their sender.
+    pub fn actor_id(&self) -> &ActorId {
+        &self.entry.id
+    }
+
+    /// The proc this mailbox lives in.
+    pub fn proc(&self) -> &Proc {
+        &self.proc
+    }
+
+    /// Sends `message` to the port `dest`, in this proc or another.
+    /// Failure comes back as an [`Undeliverable`].
+    pub fn post<M: RemoteMessage>(&self, dest: &PortId, message: M) {
+        self.proc.post(&self.entry.id, dest, message, None);
+    }
+
+    /// Opens a port that receives many messages of type `M`.
+    pub fn open_port<M: RemoteMessage>(&self) -> Port<M> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let port = self.entry.open(Arc::new(StreamSink(tx)));
+        Port {
+            id: self.entry.id.port_id(port),
+            rx,
+            entry: self.entry.clone(),
+        }
+    }
+
+    /// Opens a port that receives one message of type `M`.
+    pub fn open_once_port<M: RemoteMessage>(&self) -> OncePort<M> {
+        self.open_once_port_from(None)
+    }
+
+    fn open_once_port_from<M: RemoteMessage>(
+        &self,
+        expects_from: Option<ChannelAddr>,
+    ) -> OncePort<M> {
+        let (tx, rx) = oneshot::channel();
+        let sink = OnceSink {
+            tx: Mutex::new(Some(tx)),
+            expects_from,
+        };
+        let port = self.entry.open(Arc::new(sink));
+        OncePort {
+            id: self.entry.id.port_id(port),
+            rx,
+            entry: self.entry.clone(),
+        }
+    }
+
+    /// Sends the message `make` builds around a fresh reply port to `dest`,
+    /// and waits for the reply, at most `timeout`.
+    ///
+    /// Every call ends: with the reply, or with a [`CallError`] if the message
+    /// is undeliverable, the actor fails, its proc becomes unreachable, or the
+    /// timeout passes (MB-2).
+    pub async fn call_port<M, R>(
+        &self,
+        dest: &PortId,
+        make: impl FnOnce(OncePortRef<R>) -> M,
+        timeout: Duration,
+    ) -> Result<R, CallError>
+    where
+        M: RemoteMessage,
+        R: RemoteMessage,
+    {
+        let dest_addr = dest.actor_id().proc_id();
+        let remote = !dest_addr.same(self.proc.id());
+        let reply = self.open_once_port_from::<R>(remote.then(|| dest_addr.addr().clone()));
+        let message = make(reply.bind());
+        self.proc
+            .post(&self.entry.id, dest, message, Some(reply.id.clone()));
+        reply.recv_timeout(timeout).await
+    }
+}
+
+/// The undeliverable port of a client mailbox.
+struct ClientUndeliverable(mpsc::UnboundedSender<Undeliverable>);
+
+impl PortSink for ClientUndeliverable {
+    fn deliver(&self, _: Payload<'_>, meta: Meta) -> Result<(), DeliveryFailure> {
+        Err(DeliveryFailure::UnknownPort {
+            port: meta.dest,
+            message_type: meta.message_type.into_owned(),
+        })
+    }
+
+    fn undeliverable(&self, undeliverable: Undeliverable) {
+        tracing::debug!(%undeliverable, "returned to client");
+        let _ = self.0.send(undeliverable);
+    }
+}
+
+struct StreamSink<M>(mpsc::UnboundedSender<M>);
+
+impl<M: RemoteMessage> PortSink for StreamSink<M> {
+    fn deliver(&self, payload: Payload<'_>, meta: Meta) -> Result<(), DeliveryFailure> {
+        let message = payload.into_message::<M>(&meta.dest)?;
+        self.0
+            .send(message)
+            .map_err(|_| DeliveryFailure::UnknownPort {
+                port: meta.dest,
+                message_type: meta.message_type.into_owned(),
+            })
+    }
+}
+
+struct OnceSink<M> {
+    tx: Mutex<Option<oneshot::Sender<Result<M, DeliveryFailure>>>>,
+    expects_from: Option<ChannelAddr>,
+}
+
+impl<M: RemoteMessage> PortSink for OnceSink<M> {
+    fn deliver(&self, payload: Payload<'_>, meta: Meta) -> Result<(), DeliveryFailure> {
+        let result = payload.into_message::<M>(&meta.dest);
+        let malformed = result.as_ref().err().cloned();
+        if let Some(tx) = self.tx.lock().take() {
+            let _ = tx.send(result);
+        }
+        match malformed {
+            Some(failure) => Err(failure),
+            None => Ok(()),
+        }
+    }
+
+    fn fail(&self, failure: DeliveryFailure) {
+        if let Some(tx) = self.tx.lock().take() {
+            let _ = tx.send(Err(failure));
+        }
+    }
+
+    fn is_once(&self) -> bool {
+        true
+    }
+
+    fn expects_from(&self) -> Option<&ChannelAddr> {
+        self.expects_from.as_ref()
+    }
+}
+
+/// The receiving end of a port that takes many messages of type `M`.
+/// Dropping it closes the port.
+pub struct Port<M> {
+    id: PortId,
+    rx: mpsc::UnboundedReceiver<M>,
+    entry: Arc<MailboxEntry>,
+}
+
+impl<M: RemoteMessage> Port<M> {
+    /// The port's id.
+    pub fn id(&self) -> &PortId {
+        &self.id
+    }
+
+    /// A reference to this port that can be sent to other actors and procs.
+    pub fn bind(&self) -> PortRef<M> {
+        PortRef::attest(self.id.clone())
+    }
+
+    /// The next message; `None` never comes while the port is open.
+    pub async fn recv(&mut self) -> Option<M> {
+        self.rx.recv().await
+    }
+}
+
+impl<M> Drop for Port<M> {
+    fn drop(&mut self) {
+        self.entry.close(self.id.index());
+    }
+}
+
+/// The receiving end of a port that takes one message of type `M`.
+/// Dropping it closes the port.
+pub struct OncePort<M> {
+    id: PortId,
+    rx: oneshot::Receiver<Result<M, DeliveryFailure>>,
+    entry: Arc<MailboxEntry>,
+}
+
+impl<M: RemoteMessage> OncePort<M> {
+    /// The port's id.
+    pub fn id(&self) -> &PortId {
+        &self.id
+    }
+
+    /// A reference to this port that can be sent to other actors and procs.
+    pub fn bind(&self) -> OncePortRef<M> {
+        OncePortRef {
+            id: self.id.clone(),
+            _message: PhantomData,
+        }
+    }
+
+    /// Waits for the message, or the failure that stands in for it.
+    pub async fn recv(mut self) -> Result<M, CallError> {
+        match (&mut self.rx).await {
+            Ok(result) => result.map_err(CallError::from),
+            Err(_) => Err(CallError::Closed),
+        }
+    }
+
+    /// Like [`OncePort::recv`], giving up with [`CallError::Timeout`] after `timeout`.
+    pub async fn recv_timeout(self, timeout: Duration) -> Result<M, CallError> {
+        match tokio::time::timeout(timeout, self.recv()).await {
+            Ok(result) => result,
+            Err(_) => Err(CallError::Timeout(timeout)),
+        }
+    }
+}
+
+impl<M> Drop for OncePort<M> {
+    fn drop(&mut self) {
+        self.entry.close(self.id.index());
+    }
+}
+
+/// A reference to a [`Port<M>`] that can travel inside messages.
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct PortRef<M> {
+    id: PortId,
+    #[rkyv(with = rkyv::with::Skip)]
+    _message: PhantomData<fn() -> M>,
+}
+
+impl<M: RemoteMessage> PortRef<M> {
+    /// A reference to the port `id`, trusted to take `M`s.
+    pub fn attest(id: PortId) -> Self {
+        PortRef {
+            id,
+            _message: PhantomData,
+        }
+    }
+
+    /// The port's id.
+    pub fn id(&self) -> &PortId {
+        &self.id
+    }
+
+    /// Sends `message` to the port from `sender`.
+    pub fn send(&self, sender: &Mailbox, message: M) {
+        sender.post(&self.id, message);
+    }
+}
+
+impl<M> Clone for PortRef<M> {
+    fn clone(&self) -> Self {
+        PortRef {
+            id: self.id.clone(),
+            _message: PhantomData,
+        }
+    }
+}
+
+impl<M> std::fmt::Debug for PortRef<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PortRef<{}>({})", type_name::<M>(), self.id)
+    }
+}
+
+/// A reference to a [`OncePort<M>`] that can travel inside messages; sending
+/// consumes it.
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct OncePortRef<M> {
+    id: PortId,
+    #[rkyv(with = rkyv::with::Skip)]
+    _message: PhantomData<fn() -> M>,
+}
+
+impl<M: RemoteMessage> OncePortRef<M> {
+    /// The port's id.
+    pub fn id(&self) -> &PortId {
+        &self.id
+    }
+
+    /// Sends the one message to the port from `sender`.
+    pub fn send(self, sender: &Mailbox, message: M) {
+        sender.post(&self.id, message);
+    }
+}
+
+impl<M> std::fmt::Debug for OncePortRef<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "OncePortRef<{}>({})", type_name::<M>(), self.id)
+    }
+}

@@ -1,0 +1,141 @@
+//! Messages and the envelopes that carry them between procs.
+//!
+//! A message is any Rust value that rkyv can archive: derive
+//! `rkyv::Archive, rkyv::Serialize, rkyv::Deserialize` and it is a
+//! [`RemoteMessage`]. Inside one proc a message is handed over as the value
+//! itself, never encoded; between procs it travels as an archive inside an
+//! [`Envelope`], and the receiving proc validates the archive before it
+//! decodes it.
+//!
+//! An actor's handler for message type `M` listens on a port numbered from
+//! `M`'s Rust type name (see [`handler_port`]), so every proc of a job must be
+//! built from the same source.
+
+use std::any::type_name;
+
+use rkyv::api::high::{HighDeserializer, HighSerializer, HighValidator};
+use rkyv::bytecheck::CheckBytes;
+use rkyv::rancor;
+use rkyv::ser::allocator::ArenaHandle;
+use rkyv::util::AlignedVec;
+
+use crate::failure::{DeliveryFailure, Undeliverable};
+use crate::id::{ActorId, PortId};
+
+/// A value that can be sent to an actor in the same proc or another one.
+///
+/// Implemented for every type that derives rkyv's `Archive`, `Serialize` and
+/// `Deserialize` (with the default validation) and is `Send + 'static`.
+pub trait RemoteMessage: Send + Sized + 'static {
+    /// Archives the message.
+    fn encode(&self) -> Result<AlignedVec, rancor::Error>;
+    /// Validates an archive and decodes it.
+    fn decode(bytes: &[u8]) -> Result<Self, rancor::Error>;
+}
+
+impl<T> RemoteMessage for T
+where
+    T: Send + 'static + rkyv::Archive,
+    T: for<'a> rkyv::Serialize<HighSerializer<AlignedVec, ArenaHandle<'a>, rancor::Error>>,
+    T::Archived: for<'a> CheckBytes<HighValidator<'a, rancor::Error>>
+        + rkyv::Deserialize<T, HighDeserializer<rancor::Error>>,
+{
+    fn encode(&self) -> Result<AlignedVec, rancor::Error> {
+        rkyv::to_bytes::<rancor::Error>(self)
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, rancor::Error> {
+        // Archives are validated in place when aligned; the payload of an
+        // envelope is a byte vector inside another archive, so it may not be.
+        if (bytes.as_ptr() as usize) % 16 == 0 {
+            rkyv::from_bytes::<T, rancor::Error>(bytes)
+        } else {
+            let mut aligned = AlignedVec::<16>::with_capacity(bytes.len());
+            aligned.extend_from_slice(bytes);
+            rkyv::from_bytes::<T, rancor::Error>(&aligned)
+        }
+    }
+}
+
+/// FNV-1a, 64 bits: stable across builds and platforms.
+const fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut i = 0;
+    while i < bytes.len() {
+        hash ^= bytes[i] as u64;
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        i += 1;
+    }
+    hash
+}
+
+/// Ports at or above this number are handler ports; below it, ports opened at run time.
+pub(crate) const HANDLER_PORT_BASE: u64 = 1 << 63;
+
+/// The port on which an actor's handler for `M` listens.
+pub fn handler_port<M: 'static>() -> u64 {
+    fnv1a(type_name::<M>().as_bytes()) | HANDLER_PORT_BASE
+}
+
+/// The body of an envelope.
+#[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub(crate) enum Body {
+    /// An archived message.
+    Message(Vec<u8>),
+    /// A failure for a call's reply port.
+    Failure(DeliveryFailure),
+    /// A message returned to its sender's mailbox.
+    Undeliverable(Undeliverable),
+}
+
+/// What travels between procs: a message with its addressing.
+#[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub(crate) struct Envelope {
+    /// The actor (or client mailbox) that sent it.
+    pub(crate) sender: ActorId,
+    /// Where it goes.
+    pub(crate) dest: PortId,
+    /// The port waiting for a reply to this message, to fail if it is not delivered.
+    pub(crate) return_port: Option<PortId>,
+    /// The Rust type of the message, for error messages.
+    pub(crate) message_type: String,
+    /// The message or failure.
+    pub(crate) body: Body,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+    struct Sample {
+        text: String,
+        values: Vec<u64>,
+    }
+
+    #[test]
+    fn messages_round_trip_from_unaligned_bytes() {
+        let sample = Sample {
+            text: "hello".into(),
+            values: vec![1, 2, 3],
+        };
+        let bytes = sample.encode().unwrap();
+        let mut shifted = vec![0u8; bytes.len() + 1];
+        shifted[1..].copy_from_slice(&bytes);
+        assert_eq!(Sample::decode(&shifted[1..]).unwrap(), sample);
+    }
+
+    #[test]
+    fn garbage_does_not_decode() {
+        assert!(Sample::decode(&[0xff; 24]).is_err());
+        assert!(Sample::decode(&[]).is_err());
+    }
+
+    #[test]
+    fn handler_ports_differ_by_type_and_are_stable() {
+        assert_ne!(handler_port::<Sample>(), handler_port::<u64>());
+        assert_eq!(handler_port::<Sample>(), handler_port::<Sample>());
+        assert!(handler_port::<u64>() >= HANDLER_PORT_BASE);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}

@@ -1,0 +1,918 @@
+//! Procs: where actors live, and the router between their mailboxes.
+//!
+//! A [`Proc`] serves one channel address. It routes each message to a local
+//! mailbox directly, as the value itself, or to another proc through the
+//! link for that proc's address. It receives other procs' frames on its
+//! listener, validates them, drops duplicates, and acknowledges in batches.
+//!
+//! Invariants:
+//! - PR-1: messages from one sender actor to one receiver actor arrive in the
+//!   order they were sent, across procs and across reconnects (one link per
+//!   destination, sequence numbers, in-order delivery per session).
+//! - PR-2: a bad frame (garbage, truncated, oversized, misaligned, an invalid
+//!   archive) closes only the connection that carried it; the proc and its
+//!   other connections go on.
+//! - PR-3: a message that cannot be delivered comes back to its sender as an
+//!   [`Undeliverable`], and the call waiting on it fails (DF-1).
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use rkyv::rancor;
+use tokio::sync::{mpsc, watch};
+
+use crate::actor::{self, Actor, ActorHandle, Owner, meta_for};
+use crate::channel::frame::{
+    FrameError, FrameKind, FrameReader, HEADER_LEN, finish_frame, frame_buffer, small_frame,
+};
+use crate::channel::link::{Link, LinkConfig};
+use crate::channel::transport::{Conn, Listener, WriteHalf};
+use crate::channel::{ChannelAddr, ChannelStats};
+use crate::failure::{ActorSupervisionEvent, DeliveryFailure, Undeliverable};
+use crate::id::{ActorId, IdParseError, PortId, ProcId, validate_name};
+use crate::mailbox::{Mailbox, MailboxEntry, Meta, Payload, UNDELIVERABLE_PORT};
+use crate::message::{ArchivedBody, ArchivedEnvelope, Body, Envelope, RemoteMessage};
+
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Settings of a proc. Every field has a default that suits one machine.
+#[derive(Debug, Clone)]
+pub struct ProcConfig {
+    /// How long a link keeps trying to reach a peer before it reports the
+    /// messages waiting for it undeliverable. Default 30 s.
+    pub delivery_timeout: Duration,
+    /// How long [`ActorRef::call`](crate::ActorRef::call) waits for a reply.
+    /// Default 60 s.
+    pub call_timeout: Duration,
+    /// The largest frame accepted or sent, in bytes. Default 64 MiB.
+    pub max_frame_size: usize,
+    /// How long a receiver may hold an acknowledgement. Default 5 ms.
+    pub ack_interval: Duration,
+    /// A receiver acknowledges at least every this many frames. Default 512.
+    pub ack_every: u64,
+}
+
+impl Default for ProcConfig {
+    fn default() -> Self {
+        ProcConfig {
+            delivery_timeout: Duration::from_secs(30),
+            call_timeout: Duration::from_secs(60),
+            max_frame_size: 64 << 20,
+            ack_interval: Duration::from_millis(5),
+            ack_every: 512,
+        }
+    }
+}
+
+/// Why a proc could not do what it was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcError {
+    /// The listener could not be bound.
+    #[error("cannot serve on {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: ChannelAddr,
+        /// The system's reason.
+        source: std::io::Error,
+    },
+    /// A name is not valid in an identity.
+    #[error(transparent)]
+    Name(#[from] IdParseError),
+    /// A live actor or client already has this name and rank.
+    #[error("{0} already exists in this proc")]
+    Duplicate(ActorId),
+    /// Not called from inside a tokio runtime.
+    #[error("a proc must be created inside a tokio runtime")]
+    NoRuntime,
+}
+
+type Session = Arc<Mutex<u64>>;
+
+pub(crate) struct ProcInner {
+    id: ProcId,
+    config: ProcConfig,
+    runtime: tokio::runtime::Handle,
+    actors: RwLock<HashMap<String, HashMap<u32, Arc<MailboxEntry>>>>,
+    links: Mutex<HashMap<ChannelAddr, Arc<Link<Option<Meta>>>>>,
+    sessions: Mutex<HashMap<u64, Session>>,
+    supervision_tx: mpsc::UnboundedSender<ActorSupervisionEvent>,
+    supervision_rx: Mutex<Option<mpsc::UnboundedReceiver<ActorSupervisionEvent>>>,
+    stats: Arc<ChannelStats>,
+    shutdown: watch::Sender<bool>,
+}
+
+impl Drop for ProcInner {
+    fn drop(&mut self) {
+        self.shutdown.send_replace(true);
+    }
+}
+
+/// A proc: a set of actors behind one channel address. Cheap to clone.
+#[derive(Clone)]
+pub struct Proc(Arc<ProcInner>);
+
+impl Proc {
+    /// Serves a proc named `name` on `addr` with the default settings.
+    pub async fn serve(name: &str, addr: ChannelAddr) -> Result<Proc, ProcError> {
+        Self::serve_with_config(name, addr, ProcConfig::default()).await
+    }
+
+    /// Serves a proc named `name` on `addr`. A TCP port 0 picks a free port;
+    /// [`Proc::id`] tells which.
+    pub async fn serve_with_config(
+        name: &str,
+        addr: ChannelAddr,
+        config: ProcConfig,
+    ) -> Result<Proc, ProcError> {
+        validate_name(name)?;
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| ProcError::NoRuntime)?;
+        let (listener, bound) = Listener::bind(&addr)
+            .await
+            .map_err(|source| ProcError::Bind { addr, source })?;
+        let (supervision_tx, supervision_rx) = mpsc::unbounded_channel();
+        let inner = Arc::new(ProcInner {
+            id: ProcId::new(bound, name)?,
+            config,
+            runtime,
+            actors: RwLock::new(HashMap::new()),
+            links: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(HashMap::new()),
+            supervision_tx,
+            supervision_rx: Mutex::new(Some(supervision_rx)),
+            stats: Arc::default(),
+            shutdown: watch::Sender::new(false),
+        });
+        let shutdown = inner.shutdown.subscribe();
+        inner
+            .runtime
+            .spawn(accept_loop(Arc::downgrade(&inner), listener, shutdown));
+        tracing::debug!(proc = %inner.id, "serving");
+        Ok(Proc(inner))
+    }
+
+    /// This proc's id; its address is where other procs reach it.
+    pub fn id(&self) -> &ProcId {
+        &self.0.id
+    }
+
+    /// This proc's settings.
+    pub fn config(&self) -> &ProcConfig {
+        &self.0.config
+    }
+
+    pub(crate) fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.0.runtime
+    }
+
+    /// Channel counters: retransmissions, reconnects, duplicates dropped, bad frames.
+    pub fn stats(&self) -> &ChannelStats {
+        &self.0.stats
+    }
+
+    /// Spawns a root actor `name[rank]`. Its supervision events go to
+    /// [`Proc::supervision_events`].
+    pub fn spawn<A: Actor>(
+        &self,
+        name: &str,
+        rank: u32,
+        actor: A,
+    ) -> Result<ActorHandle<A>, ProcError> {
+        let owner: Arc<dyn Owner> = Arc::new(ProcOwner(self.0.supervision_tx.clone()));
+        self.spawn_owned(name, rank, actor, owner)
+    }
+
+    pub(crate) fn spawn_owned<A: Actor>(
+        &self,
+        name: &str,
+        rank: u32,
+        actor: A,
+        owner: Arc<dyn Owner>,
+    ) -> Result<ActorHandle<A>, ProcError> {
+        let id = self.0.id.actor_id(name, rank)?;
+        actor::start(self, id, actor, owner)
+    }
+
+    /// A mailbox for code that is not an actor (a controller, a test, a
+    /// benchmark), named `name[0]`, and the receiver of its undeliverable
+    /// messages. The mailbox leaves the proc when its last clone is dropped.
+    pub fn attach(
+        &self,
+        name: &str,
+    ) -> Result<(Mailbox, mpsc::UnboundedReceiver<Undeliverable>), ProcError> {
+        let id = self.0.id.actor_id(name, 0)?;
+        let entry = Arc::new(MailboxEntry::new(id, Box::new(|| false)));
+        self.register(entry.clone())?;
+        Ok(Mailbox::for_client(self.clone(), entry))
+    }
+
+    /// The supervision events of root actors that failed. Can be taken once;
+    /// events are kept until then.
+    pub fn supervision_events(&self) -> Option<mpsc::UnboundedReceiver<ActorSupervisionEvent>> {
+        self.0.supervision_rx.lock().take()
+    }
+
+    /// Drops every outgoing connection at once. Links reconnect and write
+    /// every unacknowledged message again; receivers drop what they already
+    /// have. Useful after a network change, and to test exactly that.
+    pub fn reset_links(&self) {
+        for link in self.0.links.lock().values() {
+            link.reset();
+        }
+    }
+
+    pub(crate) fn register(&self, entry: Arc<MailboxEntry>) -> Result<(), ProcError> {
+        let mut actors = self.0.actors.write();
+        let ranks = actors.entry(entry.id.name().to_string()).or_default();
+        if let Some(existing) = ranks.get(&entry.id.rank()) {
+            if !(existing.terminated)() {
+                return Err(ProcError::Duplicate(entry.id.clone()));
+            }
+        }
+        ranks.insert(entry.id.rank(), entry);
+        Ok(())
+    }
+
+    pub(crate) fn unregister(&self, id: &ActorId) {
+        let mut actors = self.0.actors.write();
+        if let Some(ranks) = actors.get_mut(id.name()) {
+            ranks.remove(&id.rank());
+            if ranks.is_empty() {
+                actors.remove(id.name());
+            }
+        }
+    }
+
+    fn lookup(&self, name: &str, rank: u32) -> Option<Arc<MailboxEntry>> {
+        self.0.actors.read().get(name)?.get(&rank).cloned()
+    }
+
+    fn is_local(&self, actor: &ActorId) -> bool {
+        actor.proc_id().same(&self.0.id)
+    }
+
+    /// Sends `message` from `sender` to `dest`; `return_port` is the port
+    /// waiting for its reply, failed if the message is not delivered.
+    pub(crate) fn post<M: RemoteMessage>(
+        &self,
+        sender: &ActorId,
+        dest: &PortId,
+        message: M,
+        return_port: Option<PortId>,
+    ) {
+        let _span = tracing::trace_span!("send", from = %sender, to = %dest).entered();
+        let meta = meta_for::<M>(sender, dest, return_port);
+        if self.is_local(dest.actor_id()) {
+            self.deliver_local(Payload::Local(Box::new(message)), meta);
+            return;
+        }
+        let payload = match message.encode() {
+            Ok(bytes) => bytes.to_vec(),
+            Err(e) => {
+                let failure = DeliveryFailure::Malformed {
+                    port: dest.clone(),
+                    detail: format!("message does not encode: {e}"),
+                };
+                self.fail_delivery(&meta, failure);
+                return;
+            }
+        };
+        let envelope = Envelope {
+            sender: sender.clone(),
+            dest: dest.clone(),
+            return_port: meta.return_port.clone(),
+            message_type: meta.message_type.to_string(),
+            body: Body::Message(payload),
+        };
+        self.send_remote(&envelope, Some(meta));
+    }
+
+    fn deliver_local(&self, payload: Payload<'_>, meta: Meta) {
+        let dest = meta.dest.actor_id();
+        let result = match self.lookup(dest.name(), dest.rank()) {
+            Some(entry) => entry.deliver(payload, meta.clone()),
+            None => Err(DeliveryFailure::UnknownActor {
+                actor: dest.clone(),
+            }),
+        };
+        if let Err(failure) = result {
+            self.fail_delivery(&meta, failure);
+        }
+    }
+
+    /// Reports an undelivered message: an [`Undeliverable`] to its sender and
+    /// a failure to the port waiting for its reply (PR-3).
+    pub(crate) fn fail_delivery(&self, meta: &Meta, failure: DeliveryFailure) {
+        tracing::debug!(from = %meta.sender, to = %meta.dest, reason = %failure, "undeliverable");
+        if let Some(return_port) = &meta.return_port {
+            self.post_failure(return_port, &meta.dest, Body::Failure(failure.clone()));
+        }
+        let undeliverable = Undeliverable {
+            dest: meta.dest.clone(),
+            message_type: meta.message_type.to_string(),
+            reason: failure,
+        };
+        let to = meta.sender.port_id(UNDELIVERABLE_PORT);
+        self.post_failure(&to, &meta.dest, Body::Undeliverable(undeliverable));
+    }
+
+    /// Sends a failure body; failures are never answered with failures (DF-2).
+    fn post_failure(&self, to: &PortId, from: &PortId, body: Body) {
+        let actor = to.actor_id();
+        if self.is_local(actor) {
+            if let Some(entry) = self.lookup(actor.name(), actor.rank()) {
+                match body {
+                    Body::Failure(failure) => entry.fail(to.index(), failure),
+                    Body::Undeliverable(undeliverable) => entry.undeliverable(undeliverable),
+                    Body::Message(_) => {}
+                }
+            }
+            return;
+        }
+        let envelope = Envelope {
+            sender: from.actor_id().clone(),
+            dest: to.clone(),
+            return_port: None,
+            message_type: String::new(),
+            body,
+        };
+        self.send_remote(&envelope, None);
+    }
+
+    fn send_remote(&self, envelope: &Envelope, meta: Option<Meta>) {
+        let mut frame = frame_buffer(256);
+        let encoded = rkyv::api::high::to_bytes_in::<_, rancor::Error>(envelope, frame);
+        frame = match encoded {
+            Ok(frame) => frame,
+            Err(e) => {
+                if let Some(meta) = meta {
+                    let failure = DeliveryFailure::Malformed {
+                        port: envelope.dest.clone(),
+                        detail: format!("envelope does not encode: {e}"),
+                    };
+                    self.fail_delivery(&meta, failure);
+                }
+                return;
+            }
+        };
+        if frame.len() - HEADER_LEN > self.0.config.max_frame_size {
+            if let Some(meta) = meta {
+                let failure = DeliveryFailure::Malformed {
+                    port: envelope.dest.clone(),
+                    detail: format!(
+                        "message of {} bytes exceeds the frame limit of {} bytes",
+                        frame.len() - HEADER_LEN,
+                        self.0.config.max_frame_size
+                    ),
+                };
+                self.fail_delivery(&meta, failure);
+            }
+            return;
+        }
+        finish_frame(&mut frame, FrameKind::Data, 0);
+        let addr = envelope.dest.actor_id().proc_id().addr();
+        // A link may die between lookup and send; the second try gets a new one.
+        let mut pending = (frame, meta);
+        for _ in 0..2 {
+            match self.link(addr).send(pending.0, pending.1) {
+                Ok(()) => return,
+                Err(back) => pending = back,
+            }
+        }
+        if let Some(meta) = pending.1 {
+            let failure = DeliveryFailure::Unreachable {
+                addr: addr.to_string(),
+                timeout_ms: self.0.config.delivery_timeout.as_millis() as u64,
+                detail: "link died while sending".into(),
+            };
+            self.fail_delivery(&meta, failure);
+        }
+    }
+
+    fn link(&self, addr: &ChannelAddr) -> Arc<Link<Option<Meta>>> {
+        let mut links = self.0.links.lock();
+        if let Some(link) = links.get(addr) {
+            if !link.is_dead() {
+                return link.clone();
+            }
+        }
+        let weak = Arc::downgrade(&self.0);
+        let on_dead = Box::new(
+            move |addr: &ChannelAddr, undelivered: Vec<Option<Meta>>, reason: String| {
+                if let Some(inner) = weak.upgrade() {
+                    Proc(inner).link_died(addr, undelivered, reason);
+                }
+            },
+        );
+        let config = LinkConfig {
+            delivery_timeout: self.0.config.delivery_timeout,
+        };
+        let link = Link::new(
+            addr.clone(),
+            new_session_id(),
+            &self.0.id.to_string(),
+            config,
+            self.0.stats.clone(),
+            on_dead,
+        );
+        links.insert(addr.clone(), link.clone());
+        self.0.runtime.spawn(link.clone().run());
+        link
+    }
+
+    fn link_died(&self, addr: &ChannelAddr, undelivered: Vec<Option<Meta>>, reason: String) {
+        {
+            let mut links = self.0.links.lock();
+            if links.get(addr).is_some_and(|link| link.is_dead()) {
+                links.remove(addr);
+            }
+        }
+        let failure = DeliveryFailure::Unreachable {
+            addr: addr.to_string(),
+            timeout_ms: self.0.config.delivery_timeout.as_millis() as u64,
+            detail: reason,
+        };
+        for meta in undelivered.iter().flatten() {
+            self.fail_delivery(meta, failure.clone());
+        }
+        let entries: Vec<Arc<MailboxEntry>> = self
+            .0
+            .actors
+            .read()
+            .values()
+            .flat_map(|ranks| ranks.values().cloned())
+            .collect();
+        for entry in entries {
+            entry.fail_expecting(addr, &failure);
+        }
+    }
+
+    /// Routes one validated envelope from another proc.
+    fn deliver_archived(&self, envelope: &ArchivedEnvelope) -> Result<(), rancor::Error> {
+        let dest: PortId = rkyv::deserialize::<PortId, rancor::Error>(&envelope.dest)?;
+        let actor = dest.actor_id();
+        let entry = if actor.proc_id().name() == self.0.id.name() {
+            self.lookup(actor.name(), actor.rank())
+        } else {
+            None
+        };
+        match &envelope.body {
+            ArchivedBody::Message(bytes) => {
+                let meta = Meta {
+                    sender: rkyv::deserialize::<ActorId, rancor::Error>(&envelope.sender)?,
+                    return_port: rkyv::deserialize::<Option<PortId>, rancor::Error>(
+                        &envelope.return_port,
+                    )?,
+                    message_type: Cow::Owned(envelope.message_type.as_str().to_string()),
+                    dest,
+                };
+                let result = match entry {
+                    Some(entry) => entry.deliver(Payload::Remote(bytes.as_slice()), meta.clone()),
+                    None => Err(DeliveryFailure::UnknownActor {
+                        actor: meta.dest.actor_id().clone(),
+                    }),
+                };
+                if let Err(failure) = result {
+                    self.fail_delivery(&meta, failure);
+                }
+            }
+            ArchivedBody::Failure(failure) => {
+                if let Some(entry) = entry {
+                    let failure = rkyv::deserialize::<DeliveryFailure, rancor::Error>(failure)?;
+                    entry.fail(dest.index(), failure);
+                }
+            }
+            ArchivedBody::Undeliverable(undeliverable) => {
+                if let Some(entry) = entry {
+                    let undeliverable =
+                        rkyv::deserialize::<Undeliverable, rancor::Error>(undeliverable)?;
+                    entry.undeliverable(undeliverable);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn session(&self, id: u64) -> Session {
+        self.0.sessions.lock().entry(id).or_default().clone()
+    }
+}
+
+/// The owner of root actors: the proc's supervision stream.
+struct ProcOwner(mpsc::UnboundedSender<ActorSupervisionEvent>);
+
+impl Owner for ProcOwner {
+    fn supervise(&self, event: ActorSupervisionEvent) {
+        let _ = self.0.send(event);
+    }
+}
+
+fn new_session_id() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    if let Ok(now) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        hasher.write_u128(now.as_nanos());
+    }
+    hasher.finish()
+}
+
+async fn accept_loop(
+    proc: Weak<ProcInner>,
+    mut listener: Listener,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stopped(&mut shutdown) => return,
+        };
+        let Some(inner) = proc.upgrade() else { return };
+        match accepted {
+            Ok(conn) => {
+                let proc = Proc(inner);
+                let runtime = proc.0.runtime.clone();
+                runtime.spawn(async move {
+                    if let Err(e) = receive(proc.clone(), conn).await {
+                        proc.0.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(proc = %proc.0.id, error = %e, "closed a connection after a bad frame");
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::warn!(proc = %inner.id, error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Serves one incoming connection: hello, then data frames in sequence
+/// order, acknowledged in batches. Returns an error for a bad frame, which
+/// closes only this connection (PR-2).
+async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
+    let (mut rd, wr) = conn.into_split();
+    let mut reader = FrameReader::new(proc.0.config.max_frame_size);
+    let hello = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+        loop {
+            if let Some((header, body)) = reader.next_frame()? {
+                if header.kind != FrameKind::Hello {
+                    return Err(FrameError::BadKind(header.kind as u8));
+                }
+                let from = String::from_utf8_lossy(reader.body(body)).into_owned();
+                return Ok((header.seq, from));
+            }
+            if !reader.fill(&mut rd).await? {
+                return Err(FrameError::Truncated(0));
+            }
+        }
+    })
+    .await
+    .map_err(|_| FrameError::Invalid("no hello within the handshake timeout".into()))??;
+    let (session_id, from) = hello;
+    tracing::debug!(proc = %proc.0.id, %from, "accepted a link");
+    let session = proc.session(session_id);
+    let mut delivered = 0u64;
+    let mut acked = 0u64;
+    let mut ack_deadline: Option<tokio::time::Instant> = None;
+    let mut shutdown = proc.0.shutdown.subscribe();
+    loop {
+        while let Some((header, body)) = reader.next_frame()? {
+            if header.kind != FrameKind::Data {
+                return Err(FrameError::BadKind(header.kind as u8));
+            }
+            let bytes = reader.body(body);
+            let mut last = session.lock();
+            if header.seq <= *last {
+                proc.0
+                    .stats
+                    .duplicates_dropped
+                    .fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            if header.seq != *last + 1 {
+                return Err(FrameError::Invalid(format!(
+                    "sequence gap: expected {}, got {}",
+                    *last + 1,
+                    header.seq
+                )));
+            }
+            let envelope = rkyv::access::<ArchivedEnvelope, rancor::Error>(bytes)
+                .map_err(|e| FrameError::Invalid(e.to_string()))?;
+            proc.deliver_archived(envelope)
+                .map_err(|e| FrameError::Invalid(e.to_string()))?;
+            *last = header.seq;
+            delivered = header.seq;
+            if ack_deadline.is_none() {
+                ack_deadline = Some(tokio::time::Instant::now() + proc.0.config.ack_interval);
+            }
+        }
+        if delivered > acked && delivered - acked >= proc.0.config.ack_every {
+            ack(&wr, delivered).await?;
+            acked = delivered;
+            ack_deadline = None;
+        }
+        tokio::select! {
+            biased;
+            filled = reader.fill(&mut rd) => {
+                if !filled? {
+                    if delivered > acked {
+                        let _ = ack(&wr, delivered).await;
+                    }
+                    return Ok(());
+                }
+            }
+            _ = sleep_until_some(ack_deadline) => {
+                ack(&wr, delivered).await?;
+                acked = delivered;
+                ack_deadline = None;
+            }
+            _ = stopped(&mut shutdown) => return Ok(()),
+        }
+    }
+}
+
+async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|down| *down).await;
+}
+
+async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn ack(wr: &WriteHalf, seq: u64) -> Result<(), FrameError> {
+    wr.write_all(&small_frame(FrameKind::Ack, seq, &[])).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::testing::{Echo, EchoActor, Fail, Numbered, Panic, Sleep, StreamReport};
+    use crate::{ActorRef, ActorStatus, CallError};
+
+    fn quick() -> ProcConfig {
+        ProcConfig {
+            delivery_timeout: Duration::from_millis(500),
+            call_timeout: Duration::from_secs(10),
+            ..ProcConfig::default()
+        }
+    }
+
+    async fn local(name: &str) -> Proc {
+        let addr = format!("local:{name}-{}", new_session_id())
+            .parse()
+            .unwrap();
+        Proc::serve_with_config(name, addr, quick()).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn calls_cross_procs_and_port_refs_work_from_there() {
+        let a = local("a").await;
+        let b = local("b").await;
+        let echo = b.spawn("echo", 0, EchoActor::default()).unwrap().bind();
+        let (client, _) = a.attach("client").unwrap();
+        let reply = echo
+            .call(&client, |reply| Echo {
+                payload: b"hi".to_vec(),
+                reply,
+            })
+            .await
+            .unwrap();
+        assert_eq!(reply, b"hi");
+
+        // A port opened in proc a, passed by reference to proc b's actor.
+        let mut port = client.open_port::<Vec<u8>>();
+        let port_ref = port.bind();
+        let (b_client, _) = b.attach("b-client").unwrap();
+        port_ref.send(&b_client, b"from b".to_vec());
+        assert_eq!(port.recv().await.unwrap(), b"from b");
+    }
+
+    #[tokio::test]
+    async fn pr1_order_holds_across_procs() {
+        let a = local("a").await;
+        let b = local("b").await;
+        let echo = b.spawn("echo", 0, EchoActor::default()).unwrap().bind();
+        let (client, _) = a.attach("client").unwrap();
+        for seq in 0..5000 {
+            echo.send(&client, Numbered { stream: 1, seq });
+        }
+        let stats = echo
+            .call(&client, |reply| StreamReport { stream: 1, reply })
+            .await
+            .unwrap();
+        assert_eq!(stats.received, 5000);
+        assert_eq!(stats.out_of_order, 0);
+    }
+
+    #[tokio::test]
+    async fn pr3_unknown_actor_comes_back_and_fails_the_call() {
+        let a = local("a").await;
+        let b = local("b").await;
+        let (client, mut returned) = a.attach("client").unwrap();
+        let ghost: ActorRef<EchoActor> = ActorRef::attest(b.id().actor_id("ghost", 0).unwrap());
+        let err = ghost
+            .call(&client, |reply| Echo {
+                payload: vec![],
+                reply,
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CallError::Undeliverable(DeliveryFailure::UnknownActor { .. })
+            ),
+            "{err}"
+        );
+        let undeliverable = returned.recv().await.unwrap();
+        assert!(
+            undeliverable.message_type.ends_with("Echo"),
+            "{undeliverable}"
+        );
+        assert!(matches!(
+            undeliverable.reason,
+            DeliveryFailure::UnknownActor { .. }
+        ));
+    }
+
+    #[tokio::test]
+    async fn pr3_unreachable_peer_fails_the_call_after_the_delivery_timeout() {
+        let a = local("a").await;
+        let (client, mut returned) = a.attach("client").unwrap();
+        let nowhere: ProcId = "local:nobody-serves-this,x".parse().unwrap();
+        let ghost: ActorRef<EchoActor> = ActorRef::attest(nowhere.actor_id("echo", 0).unwrap());
+        let started = std::time::Instant::now();
+        let err = ghost
+            .call(&client, |reply| Echo {
+                payload: vec![],
+                reply,
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CallError::Undeliverable(DeliveryFailure::Unreachable { .. })
+            ),
+            "{err}"
+        );
+        assert!(started.elapsed() >= Duration::from_millis(500));
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(matches!(
+            returned.recv().await.unwrap().reason,
+            DeliveryFailure::Unreachable { .. }
+        ));
+    }
+
+    #[tokio::test]
+    async fn ac3_a_panicking_actor_fails_alone_and_its_callers_hear_why() {
+        let a = local("a").await;
+        let b = local("b").await;
+        let mut events = b.supervision_events().unwrap();
+        let doomed = b.spawn("doomed", 0, EchoActor::default()).unwrap();
+        let sibling = b.spawn("sibling", 0, EchoActor::default()).unwrap().bind();
+        let doomed_ref = doomed.bind();
+        let (client, _) = a.attach("client").unwrap();
+        // A call queued behind the panic fails with the same event.
+        let slow = doomed_ref.call(&client, |reply| Sleep { millis: 50, reply });
+        let boom = doomed_ref.call(&client, |reply| Panic {
+            text: "boom".into(),
+            reply,
+        });
+        let queued = doomed_ref.call(&client, |reply| Echo {
+            payload: vec![1],
+            reply,
+        });
+        let (slow, boom, queued) = tokio::join!(slow, boom, queued);
+        slow.unwrap();
+        let CallError::Supervision(event) = boom.unwrap_err() else {
+            panic!("expected supervision")
+        };
+        assert_eq!(event.actor_id, *doomed.actor_id());
+        assert!(event.reason.contains("boom"), "{event}");
+        assert!(event.message.as_deref().unwrap().ends_with("Panic"));
+        assert_eq!(queued.unwrap_err(), CallError::Supervision(event.clone()));
+        assert_eq!(events.recv().await.unwrap(), event);
+        assert_eq!(doomed.join().await, ActorStatus::Failed(event.clone()));
+        // Later calls fail at once with the event; the sibling lives on.
+        let later = doomed_ref
+            .call(&client, |reply| Echo {
+                payload: vec![],
+                reply,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(later, CallError::Supervision(event));
+        let alive = sibling
+            .call(&client, |reply| Echo {
+                payload: vec![7],
+                reply,
+            })
+            .await
+            .unwrap();
+        assert_eq!(alive, vec![7]);
+    }
+
+    #[tokio::test]
+    async fn ac3_a_handler_error_is_fatal_too() {
+        let a = local("a").await;
+        let actor = a.spawn("failing", 0, EchoActor::default()).unwrap();
+        let (client, _) = a.attach("client").unwrap();
+        let err = actor
+            .bind()
+            .call(&client, |reply| Fail {
+                text: "bad state".into(),
+                reply,
+            })
+            .await
+            .unwrap_err();
+        let CallError::Supervision(event) = err else {
+            panic!("{err}")
+        };
+        assert!(event.reason.contains("bad state"));
+    }
+
+    #[tokio::test]
+    async fn ac2_stop_drains_then_refuses() {
+        let a = local("a").await;
+        let actor = a.spawn("draining", 0, EchoActor::default()).unwrap();
+        let echo = actor.bind();
+        let (client, _) = a.attach("client").unwrap();
+        let queued: Vec<_> = (0..10u8)
+            .map(|i| {
+                echo.call(&client, move |reply| Echo {
+                    payload: vec![i],
+                    reply,
+                })
+            })
+            .collect();
+        // The calls are posted only when polled; poll them into the queue first.
+        let mut queued: Vec<_> = queued.into_iter().map(Box::pin).collect();
+        for call in &mut queued {
+            assert!(futures::poll!(call.as_mut()).is_pending());
+        }
+        actor.stop();
+        for (i, call) in queued.into_iter().enumerate() {
+            assert_eq!(call.await.unwrap(), vec![i as u8]);
+        }
+        assert_eq!(actor.join().await, ActorStatus::Stopped);
+        let err = echo
+            .call(&client, |reply| Echo {
+                payload: vec![],
+                reply,
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CallError::Undeliverable(DeliveryFailure::StoppedReceiver { .. })
+            ),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn calls_time_out_when_no_reply_comes() {
+        let a = local("a").await;
+        let echo = a.spawn("sleepy", 0, EchoActor::default()).unwrap().bind();
+        let (client, _) = a.attach("client").unwrap();
+        let err = echo
+            .call_timeout(
+                &client,
+                |reply| Sleep {
+                    millis: 2000,
+                    reply,
+                },
+                Duration::from_millis(50),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err, CallError::Timeout(Duration::from_millis(50)));
+    }
+
+    #[tokio::test]
+    async fn duplicate_names_are_refused_until_the_first_ends() {
+        let a = local("a").await;
+        let first = a.spawn("solo", 0, EchoActor::default()).unwrap();
+        assert!(matches!(
+            a.spawn("solo", 0, EchoActor::default()),
+            Err(ProcError::Duplicate(_))
+        ));
+        first.stop();
+        first.join().await;
+        a.spawn("solo", 0, EchoActor::default()).unwrap();
+    }
+}

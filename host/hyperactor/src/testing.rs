@@ -1,0 +1,141 @@
+//! Actors and messages shared by tests, benchmarks and demos, so that a
+//! worker process and the process driving it agree on the types.
+
+use crate::{Actor, Context, Exports, Handler, OncePortRef};
+
+/// Replies with its payload.
+#[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct Echo {
+    /// Bytes to send back.
+    pub payload: Vec<u8>,
+    /// Where to send them.
+    pub reply: OncePortRef<Vec<u8>>,
+}
+
+/// One message of a numbered stream; the receiver checks the numbering.
+#[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct Numbered {
+    /// Which stream (one per sender).
+    pub stream: u64,
+    /// Position in the stream, from 0.
+    pub seq: u64,
+}
+
+/// Asks how a stream of [`Numbered`] messages arrived.
+#[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct StreamReport {
+    /// Which stream.
+    pub stream: u64,
+    /// Where to send the [`StreamStats`].
+    pub reply: OncePortRef<StreamStats>,
+}
+
+/// How a stream arrived.
+#[derive(Debug, Clone, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct StreamStats {
+    /// Messages received.
+    pub received: u64,
+    /// Messages whose number was not the one expected next.
+    pub out_of_order: u64,
+}
+
+/// Makes the handler panic with this text.
+#[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct Panic {
+    /// The panic message.
+    pub text: String,
+    /// Never answered: the actor fails first.
+    pub reply: OncePortRef<()>,
+}
+
+/// Makes the handler return an error with this text.
+#[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct Fail {
+    /// The error message.
+    pub text: String,
+    /// Never answered: the actor fails first.
+    pub reply: OncePortRef<()>,
+}
+
+/// Replies after sleeping, to keep calls in flight.
+#[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct Sleep {
+    /// How long, in milliseconds.
+    pub millis: u64,
+    /// Answered when the sleep ends.
+    pub reply: OncePortRef<()>,
+}
+
+/// An actor that echoes, checks stream order, and fails on request.
+#[derive(Debug, Default)]
+pub struct EchoActor {
+    streams: std::collections::HashMap<u64, StreamStats>,
+}
+
+impl Actor for EchoActor {
+    fn exports(exports: &mut Exports<Self>) {
+        exports
+            .handle::<Echo>()
+            .handle::<Numbered>()
+            .handle::<StreamReport>()
+            .handle::<Panic>()
+            .handle::<Fail>()
+            .handle::<Sleep>();
+    }
+}
+
+impl Handler<Echo> for EchoActor {
+    async fn handle(&mut self, cx: &Context<Self>, message: Echo) -> anyhow::Result<()> {
+        message.reply.send(cx, message.payload);
+        Ok(())
+    }
+}
+
+impl Handler<Numbered> for EchoActor {
+    async fn handle(&mut self, _cx: &Context<Self>, message: Numbered) -> anyhow::Result<()> {
+        let stats = self.streams.entry(message.stream).or_insert(StreamStats {
+            received: 0,
+            out_of_order: 0,
+        });
+        if message.seq != stats.received {
+            stats.out_of_order += 1;
+        }
+        stats.received += 1;
+        Ok(())
+    }
+}
+
+impl Handler<StreamReport> for EchoActor {
+    async fn handle(&mut self, cx: &Context<Self>, message: StreamReport) -> anyhow::Result<()> {
+        let stats = self
+            .streams
+            .get(&message.stream)
+            .cloned()
+            .unwrap_or(StreamStats {
+                received: 0,
+                out_of_order: 0,
+            });
+        message.reply.send(cx, stats);
+        Ok(())
+    }
+}
+
+impl Handler<Panic> for EchoActor {
+    async fn handle(&mut self, _cx: &Context<Self>, message: Panic) -> anyhow::Result<()> {
+        panic!("{}", message.text);
+    }
+}
+
+impl Handler<Fail> for EchoActor {
+    async fn handle(&mut self, _cx: &Context<Self>, message: Fail) -> anyhow::Result<()> {
+        anyhow::bail!("{}", message.text)
+    }
+}
+
+impl Handler<Sleep> for EchoActor {
+    async fn handle(&mut self, cx: &Context<Self>, message: Sleep) -> anyhow::Result<()> {
+        tokio::time::sleep(std::time::Duration::from_millis(message.millis)).await;
+        message.reply.send(cx, ());
+        Ok(())
+    }
+}
