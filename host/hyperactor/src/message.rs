@@ -47,7 +47,7 @@ where
     fn decode(bytes: &[u8]) -> Result<Self, rancor::Error> {
         // Archives are validated in place when aligned; the payload of an
         // envelope is a byte vector inside another archive, so it may not be.
-        if (bytes.as_ptr() as usize) % 16 == 0 {
+        if (bytes.as_ptr() as usize).is_multiple_of(16) {
             rkyv::from_bytes::<T, rancor::Error>(bytes)
         } else {
             let mut aligned = AlignedVec::<16>::with_capacity(bytes.len());

@@ -228,10 +228,10 @@ impl Proc {
     pub(crate) fn register(&self, entry: Arc<MailboxEntry>) -> Result<(), ProcError> {
         let mut actors = self.0.actors.write();
         let ranks = actors.entry(entry.id.name().to_string()).or_default();
-        if let Some(existing) = ranks.get(&entry.id.rank()) {
-            if !(existing.terminated)() {
-                return Err(ProcError::Duplicate(entry.id.clone()));
-            }
+        if let Some(existing) = ranks.get(&entry.id.rank())
+            && !(existing.terminated)()
+        {
+            return Err(ProcError::Duplicate(entry.id.clone()));
         }
         ranks.insert(entry.id.rank(), entry);
         Ok(())
@@ -395,10 +395,10 @@ impl Proc {
 
     fn link(&self, addr: &ChannelAddr) -> Arc<Link<Option<Meta>>> {
         let mut links = self.0.links.lock();
-        if let Some(link) = links.get(addr) {
-            if !link.is_dead() {
-                return link.clone();
-            }
+        if let Some(link) = links.get(addr)
+            && !link.is_dead()
+        {
+            return link.clone();
         }
         let weak = Arc::downgrade(&self.0);
         let on_dead = Box::new(

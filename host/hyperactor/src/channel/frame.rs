@@ -177,7 +177,7 @@ impl FrameReader {
                 max: self.max_frame,
             });
         }
-        if kind == FrameKind::Data && len % 8 != 0 {
+        if kind == FrameKind::Data && !len.is_multiple_of(8) {
             return Err(FrameError::Misaligned(len));
         }
         if kind == FrameKind::Ack && len != 0 {
