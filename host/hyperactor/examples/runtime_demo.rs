@@ -32,7 +32,9 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("worker") {
-        let addr = args.get(2).ok_or_else(|| anyhow!("worker needs an address"))?;
+        let addr = args
+            .get(2)
+            .ok_or_else(|| anyhow!("worker needs an address"))?;
         return worker(addr.parse()?).await;
     }
     controller().await
@@ -70,11 +72,17 @@ async fn tour(dir: &std::path::Path) -> anyhow::Result<()> {
         .kill_on_drop(true)
         .spawn()
         .context("starting the worker process")?;
-    let stdout = child.stdout.take().ok_or_else(|| anyhow!("worker has no stdout"))?;
-    let line = tokio::time::timeout(Duration::from_secs(30), BufReader::new(stdout).lines().next_line())
-        .await
-        .context("worker did not start within 30 s")??
-        .ok_or_else(|| anyhow!("worker exited before it was ready"))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow!("worker has no stdout"))?;
+    let line = tokio::time::timeout(
+        Duration::from_secs(30),
+        BufReader::new(stdout).lines().next_line(),
+    )
+    .await
+    .context("worker did not start within 30 s")??
+    .ok_or_else(|| anyhow!("worker exited before it was ready"))?;
     let worker: ProcId = line
         .strip_prefix("READY ")
         .ok_or_else(|| anyhow!("unexpected worker output: {line}"))?
@@ -87,8 +95,12 @@ async fn tour(dir: &std::path::Path) -> anyhow::Result<()> {
         delivery_timeout,
         ..ProcConfig::default()
     };
-    let proc = Proc::serve_with_config("controller", format!("unix:{}/controller.sock", dir.display()).parse()?, config)
-        .await?;
+    let proc = Proc::serve_with_config(
+        "controller",
+        format!("unix:{}/controller.sock", dir.display()).parse()?,
+        config,
+    )
+    .await?;
     let (client, _returned) = proc.attach("client")?;
 
     println!("[2/5] calling {} across processes", echo0.actor_id());
@@ -96,7 +108,10 @@ async fn tour(dir: &std::path::Path) -> anyhow::Result<()> {
     for i in 0..2000u32 {
         let started = Instant::now();
         let reply = echo0
-            .call(&client, |reply| Echo { payload: i.to_le_bytes().repeat(16), reply })
+            .call(&client, |reply| Echo {
+                payload: i.to_le_bytes().repeat(16),
+                reply,
+            })
             .await?;
         times.push(started.elapsed());
         if reply != i.to_le_bytes().repeat(16) {
@@ -114,7 +129,9 @@ async fn tour(dir: &std::path::Path) -> anyhow::Result<()> {
     for seq in 0..100_000 {
         echo0.send(&client, Numbered { stream: 1, seq });
     }
-    let stats = echo0.call(&client, |reply| StreamReport { stream: 1, reply }).await?;
+    let stats = echo0
+        .call(&client, |reply| StreamReport { stream: 1, reply })
+        .await?;
     println!(
         "      received {} in {:.0} ms, {} out of order",
         stats.received,
@@ -126,11 +143,24 @@ async fn tour(dir: &std::path::Path) -> anyhow::Result<()> {
     }
 
     println!("[4/5] making {} panic", echo0.actor_id());
-    match echo0.call(&client, |reply| Panic { text: "demo panic".into(), reply }).await {
-        Err(CallError::Supervision(event)) => println!("      the call failed with a supervision event: {event}"),
+    match echo0
+        .call(&client, |reply| Panic {
+            text: "demo panic".into(),
+            reply,
+        })
+        .await
+    {
+        Err(CallError::Supervision(event)) => {
+            println!("      the call failed with a supervision event: {event}")
+        }
         other => bail!("expected a supervision error, got {other:?}"),
     }
-    let alive = echo1.call(&client, |reply| Echo { payload: b"still here".to_vec(), reply }).await?;
+    let alive = echo1
+        .call(&client, |reply| Echo {
+            payload: b"still here".to_vec(),
+            reply,
+        })
+        .await?;
     println!(
         "      {} still answers: {:?}",
         echo1.actor_id(),
@@ -142,12 +172,19 @@ async fn tour(dir: &std::path::Path) -> anyhow::Result<()> {
         .map(|_| {
             let echo1 = echo1.clone();
             let client = client.clone();
-            async move { echo1.call(&client, |reply| Sleep { millis: 1, reply }).await }
+            async move {
+                echo1
+                    .call(&client, |reply| Sleep { millis: 1, reply })
+                    .await
+            }
         })
         .collect();
     let mut answered = 0;
     while answered < 100 {
-        pending.next().await.ok_or_else(|| anyhow!("calls ran out"))??;
+        pending
+            .next()
+            .await
+            .ok_or_else(|| anyhow!("calls ran out"))??;
         answered += 1;
     }
     child.kill().await?;

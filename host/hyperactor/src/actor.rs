@@ -683,3 +683,214 @@ pub(crate) fn meta_for<M: 'static>(
         message_type: Cow::Borrowed(type_name::<M>()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::testing::{Echo, EchoActor, Panic};
+    use crate::{ChannelAddr, ProcConfig};
+
+    async fn proc(name: &str) -> Proc {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let addr: ChannelAddr = format!(
+            "local:actor-test-{name}-{}",
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        )
+        .parse()
+        .unwrap();
+        Proc::serve_with_config(name, addr, ProcConfig::default())
+            .await
+            .unwrap()
+    }
+
+    /// Spawns a child on init and reports its failures on a port.
+    struct Parent {
+        handled: bool,
+        child: Option<ActorRef<EchoActor>>,
+        events: Option<PortRef<String>>,
+    }
+
+    #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+    struct GetChild {
+        reply: OncePortRef<ActorRef<EchoActor>>,
+        events: PortRef<String>,
+    }
+
+    impl Actor for Parent {
+        fn exports(exports: &mut Exports<Self>) {
+            exports.handle::<GetChild>();
+        }
+
+        async fn init(&mut self, cx: &Context<Self>) -> anyhow::Result<()> {
+            self.child = Some(cx.spawn("child", 0, EchoActor::default())?.bind());
+            Ok(())
+        }
+
+        async fn handle_supervision_event(
+            &mut self,
+            cx: &Context<Self>,
+            event: &ActorSupervisionEvent,
+        ) -> anyhow::Result<bool> {
+            if let Some(events) = &self.events {
+                events.send(cx, event.reason.clone());
+            }
+            Ok(self.handled)
+        }
+    }
+
+    impl Handler<GetChild> for Parent {
+        async fn handle(&mut self, cx: &Context<Self>, message: GetChild) -> anyhow::Result<()> {
+            self.events = Some(message.events);
+            let child = self
+                .child
+                .clone()
+                .ok_or_else(|| anyhow::anyhow!("no child"))?;
+            message.reply.send(cx, child);
+            Ok(())
+        }
+    }
+
+    async fn parent_with_child(
+        handled: bool,
+    ) -> (
+        Proc,
+        ActorHandle<Parent>,
+        ActorRef<EchoActor>,
+        Mailbox,
+        crate::Port<String>,
+    ) {
+        let proc = proc("sup").await;
+        let parent = proc
+            .spawn(
+                "parent",
+                0,
+                Parent {
+                    handled,
+                    child: None,
+                    events: None,
+                },
+            )
+            .unwrap();
+        let (client, _) = proc.attach("client").unwrap();
+        let events = client.open_port::<String>();
+        let events_ref = events.bind();
+        let child = parent
+            .bind()
+            .call(&client, |reply| GetChild {
+                reply,
+                events: events_ref,
+            })
+            .await
+            .unwrap();
+        (proc, parent, child, client, events)
+    }
+
+    #[tokio::test]
+    async fn lifecycle_moves_through_running_to_stopped() {
+        let proc = proc("life").await;
+        let actor = proc.spawn("echo", 0, EchoActor::default()).unwrap();
+        let (client, _) = proc.attach("client").unwrap();
+        actor
+            .bind()
+            .call(&client, |reply| Echo {
+                payload: vec![],
+                reply,
+            })
+            .await
+            .unwrap();
+        assert_eq!(actor.status(), ActorStatus::Running);
+        actor.stop();
+        assert!(matches!(
+            actor.status(),
+            ActorStatus::Stopping | ActorStatus::Stopped
+        ));
+        assert_eq!(actor.join().await, ActorStatus::Stopped);
+    }
+
+    #[tokio::test]
+    async fn failing_init_fails_the_actor() {
+        struct Broken;
+        impl Actor for Broken {
+            async fn init(&mut self, _cx: &Context<Self>) -> anyhow::Result<()> {
+                anyhow::bail!("no config")
+            }
+        }
+        let proc = proc("init").await;
+        let mut events = proc.supervision_events().unwrap();
+        let actor = proc.spawn("broken", 0, Broken).unwrap();
+        let ActorStatus::Failed(event) = actor.join().await else {
+            panic!("expected failure")
+        };
+        assert!(event.reason.contains("init failed: no config"), "{event}");
+        assert_eq!(events.recv().await.unwrap(), event);
+    }
+
+    #[tokio::test]
+    async fn ac4_a_handled_child_failure_keeps_the_parent_running() {
+        let (_proc, parent, child, client, mut events) = parent_with_child(true).await;
+        let err = child
+            .call(&client, |reply| Panic {
+                text: "child died".into(),
+                reply,
+            })
+            .await
+            .unwrap_err();
+        assert!(matches!(err, CallError::Supervision(_)));
+        let reason = events.recv().await.unwrap();
+        assert!(reason.contains("child died"), "{reason}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(parent.status(), ActorStatus::Running);
+    }
+
+    #[tokio::test]
+    async fn ac4_an_unhandled_child_failure_climbs_to_the_proc() {
+        let (proc, parent, child, client, _events) = parent_with_child(false).await;
+        let mut root_events = proc.supervision_events().unwrap();
+        let _ = child
+            .call(&client, |reply| Panic {
+                text: "child died".into(),
+                reply,
+            })
+            .await;
+        let ActorStatus::Failed(event) = parent.join().await else {
+            panic!("the parent fails with its child")
+        };
+        assert_eq!(event.actor_id, *parent.actor_id());
+        assert!(
+            event.reason.contains("unhandled failure of child"),
+            "{event}"
+        );
+        assert!(event.reason.contains("child died"), "{event}");
+        assert_eq!(root_events.recv().await.unwrap(), event);
+    }
+
+    #[tokio::test]
+    async fn stopping_a_parent_stops_its_children() {
+        let (_proc, parent, child, client, _events) = parent_with_child(true).await;
+        parent.stop();
+        parent.join().await;
+        // The child's stop is requested as the parent ends; give it a moment.
+        let mut refused = false;
+        for _ in 0..100 {
+            let result = child
+                .call(&client, |reply| Echo {
+                    payload: vec![],
+                    reply,
+                })
+                .await;
+            if matches!(
+                result,
+                Err(CallError::Undeliverable(
+                    DeliveryFailure::StoppedReceiver { .. }
+                ))
+            ) {
+                refused = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(refused, "the child stopped with its parent");
+    }
+}

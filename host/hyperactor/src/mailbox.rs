@@ -527,3 +527,93 @@ impl<M> std::fmt::Debug for OncePortRef<M> {
         write!(f, "OncePortRef<{}>({})", type_name::<M>(), self.id)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ProcConfig;
+
+    async fn proc() -> Proc {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let addr: ChannelAddr = format!(
+            "local:mailbox-test-{}",
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        )
+        .parse()
+        .unwrap();
+        Proc::serve_with_config("mb", addr, ProcConfig::default())
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_port_takes_many_messages_in_order() {
+        let proc = proc().await;
+        let (client, _) = proc.attach("client").unwrap();
+        let mut port = client.open_port::<u64>();
+        let port_ref = port.bind();
+        for i in 0..100 {
+            port_ref.send(&client, i);
+        }
+        for i in 0..100 {
+            assert_eq!(port.recv().await, Some(i));
+        }
+    }
+
+    #[tokio::test]
+    async fn mb1_a_once_port_takes_one_message_then_closes() {
+        let proc = proc().await;
+        let (client, mut returned) = proc.attach("client").unwrap();
+        let port = client.open_once_port::<u64>();
+        let id = port.id().clone();
+        client.post(&id, 1u64);
+        client.post(&id, 2u64);
+        assert_eq!(port.recv().await.unwrap(), 1);
+        let second = returned.recv().await.unwrap();
+        assert!(
+            matches!(second.reason, DeliveryFailure::UnknownPort { .. }),
+            "{second}"
+        );
+    }
+
+    #[tokio::test]
+    async fn mb3_a_dropped_port_is_closed() {
+        let proc = proc().await;
+        let (client, mut returned) = proc.attach("client").unwrap();
+        let port = client.open_port::<String>();
+        let port_ref = port.bind();
+        drop(port);
+        port_ref.send(&client, "late".to_string());
+        let undeliverable = returned.recv().await.unwrap();
+        assert_eq!(undeliverable.dest, *port_ref.id());
+        assert!(matches!(
+            undeliverable.reason,
+            DeliveryFailure::UnknownPort { .. }
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_message_of_the_wrong_type_is_refused() {
+        let proc = proc().await;
+        let (client, mut returned) = proc.attach("client").unwrap();
+        let port = client.open_port::<String>();
+        client.post(port.id(), 5u32);
+        let undeliverable = returned.recv().await.unwrap();
+        assert!(
+            matches!(undeliverable.reason, DeliveryFailure::Malformed { .. }),
+            "{undeliverable}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_dropped_client_leaves_the_proc() {
+        let proc = proc().await;
+        let (client, _) = proc.attach("client").unwrap();
+        assert!(matches!(
+            proc.attach("client"),
+            Err(crate::ProcError::Duplicate(_))
+        ));
+        drop(client);
+        proc.attach("client").unwrap();
+    }
+}

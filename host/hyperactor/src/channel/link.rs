@@ -414,3 +414,118 @@ enum Served {
     /// The peer is unreachable past the delivery timeout.
     Dead(String),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channel::frame::{FrameHeader, finish_frame, frame_buffer};
+    use crate::channel::transport::Listener;
+    use tokio::sync::mpsc;
+
+    fn data(value: u8) -> AlignedVec {
+        let mut frame = frame_buffer(32);
+        frame.extend_from_slice(&[value; 8]);
+        finish_frame(&mut frame, FrameKind::Data, 0);
+        frame
+    }
+
+    async fn next(reader: &mut FrameReader, rd: &mut ReadHalf) -> (FrameHeader, Vec<u8>) {
+        loop {
+            if let Some((header, body)) = reader.next_frame().unwrap() {
+                return (header, reader.body(body).to_vec());
+            }
+            assert!(reader.fill(rd).await.unwrap(), "stream ended");
+        }
+    }
+
+    #[tokio::test]
+    async fn lk2_unacknowledged_frames_are_resent_in_order_after_a_reconnect() {
+        let addr: ChannelAddr = "local:link-test-resend".parse().unwrap();
+        let (mut listener, _) = Listener::bind(&addr).await.unwrap();
+        let (dead_tx, _dead_rx) = mpsc::unbounded_channel();
+        let link = Link::new(
+            addr.clone(),
+            42,
+            "tester",
+            LinkConfig {
+                delivery_timeout: Duration::from_secs(10),
+            },
+            Arc::default(),
+            Box::new(move |_: &ChannelAddr, undelivered: Vec<u8>, _| {
+                let _ = dead_tx.send(undelivered);
+            }),
+        );
+        tokio::spawn(link.clone().run());
+        for value in 1..=3u8 {
+            link.send(data(value), value).map_err(|_| ()).unwrap();
+        }
+
+        let (mut rd, wr) = listener.accept().await.unwrap().into_split();
+        let mut reader = FrameReader::new(1 << 20);
+        let (hello, from) = next(&mut reader, &mut rd).await;
+        assert_eq!((hello.kind, hello.seq), (FrameKind::Hello, 42));
+        assert_eq!(from, b"tester");
+        for seq in 1..=3u64 {
+            let (header, body) = next(&mut reader, &mut rd).await;
+            assert_eq!((header.kind, header.seq), (FrameKind::Data, seq));
+            assert_eq!(body, vec![seq as u8; 8]);
+        }
+        wr.write_all(&small_frame(FrameKind::Ack, 2, &[]))
+            .await
+            .unwrap();
+        // Wait until the ack is processed, then break the connection.
+        while link.state.lock().unacked.len() != 1 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        drop((rd, wr));
+
+        let (mut rd, _wr) = listener.accept().await.unwrap().into_split();
+        let mut reader = FrameReader::new(1 << 20);
+        assert_eq!(next(&mut reader, &mut rd).await.0.kind, FrameKind::Hello);
+        let (header, body) = next(&mut reader, &mut rd).await;
+        assert_eq!(
+            (header.kind, header.seq),
+            (FrameKind::Data, 3),
+            "only the unacknowledged frame"
+        );
+        assert_eq!(body, vec![3u8; 8]);
+        link.send(data(4), 4).map_err(|_| ()).unwrap();
+        assert_eq!(
+            next(&mut reader, &mut rd).await.0.seq,
+            4,
+            "new frames follow"
+        );
+    }
+
+    #[tokio::test]
+    async fn lk3_a_link_that_cannot_connect_dies_and_returns_every_frame() {
+        let addr: ChannelAddr = "local:link-test-nobody".parse().unwrap();
+        let (dead_tx, mut dead_rx) = mpsc::unbounded_channel();
+        let link = Link::new(
+            addr,
+            7,
+            "tester",
+            LinkConfig {
+                delivery_timeout: Duration::from_millis(200),
+            },
+            Arc::default(),
+            Box::new(move |_: &ChannelAddr, undelivered: Vec<u8>, reason| {
+                let _ = dead_tx.send((undelivered, reason));
+            }),
+        );
+        tokio::spawn(link.clone().run());
+        for value in 1..=5u8 {
+            link.send(data(value), value).map_err(|_| ()).unwrap();
+        }
+        let started = Instant::now();
+        let (undelivered, reason) = dead_rx.recv().await.unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(150));
+        assert_eq!(undelivered, vec![1, 2, 3, 4, 5]);
+        assert!(reason.contains("could not connect"), "{reason}");
+        assert!(link.is_dead());
+        assert!(
+            link.send(data(6), 6).is_err(),
+            "a dead link takes no more frames"
+        );
+    }
+}
