@@ -589,26 +589,28 @@ async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
             let bytes = reader.body(body);
             let mut last = session.lock();
             if header.seq <= *last {
+                // Delivered on an earlier connection whose ack was lost: drop
+                // it, and acknowledge it here so that the sender lets it go.
                 proc.0
                     .stats
                     .duplicates_dropped
                     .fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
-            if header.seq != *last + 1 {
+                delivered = delivered.max(header.seq);
+            } else if header.seq != *last + 1 {
                 return Err(FrameError::Invalid(format!(
                     "sequence gap: expected {}, got {}",
                     *last + 1,
                     header.seq
                 )));
+            } else {
+                let envelope = rkyv::access::<ArchivedEnvelope, rancor::Error>(bytes)
+                    .map_err(|e| FrameError::Invalid(e.to_string()))?;
+                proc.deliver_archived(envelope)
+                    .map_err(|e| FrameError::Invalid(e.to_string()))?;
+                *last = header.seq;
+                delivered = header.seq;
             }
-            let envelope = rkyv::access::<ArchivedEnvelope, rancor::Error>(bytes)
-                .map_err(|e| FrameError::Invalid(e.to_string()))?;
-            proc.deliver_archived(envelope)
-                .map_err(|e| FrameError::Invalid(e.to_string()))?;
-            *last = header.seq;
-            delivered = header.seq;
-            if ack_deadline.is_none() {
+            if ack_deadline.is_none() && delivered > acked {
                 ack_deadline = Some(tokio::time::Instant::now() + proc.0.config.ack_interval);
             }
         }
@@ -914,5 +916,69 @@ mod tests {
         first.stop();
         first.join().await;
         a.spawn("solo", 0, EchoActor::default()).unwrap();
+    }
+
+    /// LK-2 from the receiver's side: frames resent on a new connection of
+    /// the same session are dropped, and acknowledged, so the sender can
+    /// let them go.
+    #[tokio::test]
+    async fn duplicates_after_a_reconnect_are_dropped_and_acknowledged() {
+        use crate::channel::transport;
+        use crate::message::handler_port;
+
+        let b = local("b").await;
+        let echo = b.spawn("echo", 0, EchoActor::default()).unwrap().bind();
+        let sender = b.id().actor_id("peer", 0).unwrap();
+        let frames: Vec<_> = (0..3u64)
+            .map(|seq| {
+                let envelope = Envelope {
+                    sender: sender.clone(),
+                    dest: echo.actor_id().port_id(handler_port::<Numbered>()),
+                    return_port: None,
+                    message_type: "Numbered".into(),
+                    body: Body::Message(Numbered { stream: 9, seq }.encode().unwrap().to_vec()),
+                };
+                let mut frame =
+                    rkyv::api::high::to_bytes_in::<_, rancor::Error>(&envelope, frame_buffer(256))
+                        .unwrap();
+                finish_frame(&mut frame, FrameKind::Data, seq + 1);
+                frame
+            })
+            .collect();
+        for round in 0..2 {
+            let (mut rd, wr) = transport::connect(b.id().addr())
+                .await
+                .unwrap()
+                .into_split();
+            wr.write_all(&small_frame(FrameKind::Hello, 77, b"peer"))
+                .await
+                .unwrap();
+            for frame in &frames {
+                wr.write_all(frame).await.unwrap();
+            }
+            let mut reader = FrameReader::new(1 << 16);
+            let acked = tokio::time::timeout(Duration::from_secs(5), async {
+                loop {
+                    if let Some((header, _)) = reader.next_frame().unwrap() {
+                        assert_eq!(header.kind, FrameKind::Ack);
+                        break header.seq;
+                    }
+                    assert!(
+                        reader.fill(&mut rd).await.unwrap(),
+                        "round {round}: connection closed"
+                    );
+                }
+            })
+            .await
+            .expect("an acknowledgement within 5 s");
+            assert_eq!(acked, 3, "round {round}: everything acknowledged");
+        }
+        let (client, _) = b.attach("client").unwrap();
+        let stats = echo
+            .call(&client, |reply| StreamReport { stream: 9, reply })
+            .await
+            .unwrap();
+        assert_eq!(stats.received, 3, "each frame delivered once");
+        assert_eq!(b.stats().duplicates_dropped.load(Ordering::Relaxed), 3);
     }
 }
