@@ -1,0 +1,199 @@
+//! `monarch-bench`: benchmarks of monarch-host, each read against a floor
+//! measured in the same run.
+//!
+//! # Output
+//!
+//! `monarch-bench SUITE` prints one JSON object a line on stdout and
+//! nothing else; logs, spreads and ratios go to stderr:
+//!
+//! ```text
+//! {"suite":"runtime","metric":"ipc_call_rtt_us","value":14.2,"unit":"us"}
+//! ```
+//!
+//! Metric names are a contract (see `docs/benchmarks.md`): scripts and the
+//! table in the docs key on them, so they do not change.
+//!
+//! # Reading the figures
+//!
+//! The machines these run on are shared and noisy: absolute times drift by
+//! tens of percent from run to run, while a figure divided by the floor
+//! measured beside it in the same run holds. So each suite measures its own
+//! floor, and a figure is best read as a ratio: `ipc_call_rtt_us /
+//! raw_unix_rtt_us` is how many bare socket round trips an actor call
+//! across processes costs. A ratio near 1 means the runtime adds little to
+//! what the kernel charges anyway; a large ratio points at the runtime.
+//!
+//! Ratios are steadier than times, not immune: where waking an idle CPU is
+//! slow (a VM), cross-process round trips move between runs more than
+//! their floors do; `docs/benchmarks.md` shows by how much.
+//!
+//! Every figure is a median: of individual round trips (after a warm-up),
+//! or of several timed runs for rates.
+//!
+//! # Suites
+//!
+//! ## `runtime`: the actor runtime against raw sockets
+//!
+//! All actor figures are measured from inside an actor (a *driver*) calling
+//! `hyperactor::testing::EchoActor` with a 64-byte payload, as one actor of
+//! an application calls another. The cross-process peer is this binary run
+//! again as a worker process (`worker`, `raw-echo`: hidden subcommands),
+//! which exits when its stdin closes, so no worker outlives the suite.
+//!
+//! | metric | what | unit |
+//! | --- | --- | --- |
+//! | `raw_unix_rtt_us` | floor: 64 bytes there and back over a Unix socket, blocking std sockets, two processes | us |
+//! | `raw_tcp_rtt_us` | floor: the same over loopback TCP, Nagle off | us |
+//! | `inproc_call_rtt_us` | an actor calls an actor of the same proc and gets the reply | us |
+//! | `ipc_call_rtt_us` | the same, to an actor in another process, over `unix:` | us |
+//! | `tcp_call_rtt_us` | the same over `tcp:127.0.0.1` | us |
+//! | `ipc_calls_per_s` | calls completed per second with 256 in flight, over `unix:` | calls/s |
+//! | `oneway_msgs_per_s` | one-way messages delivered per second (sent back to back, then one call to confirm), over `unix:` | msgs/s |
+//!
+//! Read `ipc_call_rtt_us` against `raw_unix_rtt_us` and `tcp_call_rtt_us`
+//! against `raw_tcp_rtt_us`. `inproc_call_rtt_us` has no socket in it: it
+//! is two queue hand-offs and two task wake-ups. The rates have no floor of
+//! their own; the round-trip floor bounds what a single call could cost.
+//!
+//! Every process of the suite runs a multi-thread tokio runtime with two
+//! worker threads, the size of the machines it is meant for
+//! (`--worker-threads`, `--flavor`). A current-thread runtime was measured
+//! too: it completes about 1.6 times the pipelined calls per second but
+//! its round trips are three to five times slower, so it is not the default
+//! (figures in `docs/benchmarks.md`).
+//!
+//! The full suite takes about 15 s on two cores; `--quick` runs a few
+//! seconds and is for smoke tests, not for figures.
+
+mod driver;
+mod raw;
+mod report;
+mod runtime;
+mod worker;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use hyperactor::ChannelAddr;
+use tracing_subscriber::EnvFilter;
+use worker::Flavor;
+
+const AFTER_HELP: &str = "\
+Output: one JSON object a line on stdout, nothing else, e.g.
+  {\"suite\":\"runtime\",\"metric\":\"ipc_call_rtt_us\",\"value\":14.2,\"unit\":\"us\"}
+Logs, spreads (p10/p50/p90/p99) and ratios go to stderr; RUST_LOG sets their level
+(default: info for monarch_bench, warn for everything else).
+
+Each suite measures its own floor in the same run. Absolute times drift on shared
+machines; read a figure as a ratio to its floor. See docs/benchmarks.md.
+
+Examples:
+  monarch-bench runtime            the full runtime suite (about 15 s on 2 cores)
+  monarch-bench runtime --quick    a smoke test, a few seconds, rough figures";
+
+/// Benchmarks of monarch-host, each read against a floor measured in the same run.
+#[derive(Debug, Parser)]
+#[command(name = "monarch-bench", version, after_help = AFTER_HELP)]
+#[command(subcommand_required = true, arg_required_else_help = true)]
+struct Cli {
+    #[command(subcommand)]
+    suite: Suite,
+}
+
+#[derive(Debug, Subcommand)]
+enum Suite {
+    /// The actor runtime's round trips and throughput, next to raw socket round trips.
+    ///
+    /// Measures actor call round trips in one process, across processes over a
+    /// Unix socket and over loopback TCP, pipelined calls and one-way messages
+    /// per second across processes, and bare socket round trips (the floor)
+    /// in the same run.
+    ///
+    /// Metrics: raw_unix_rtt_us, raw_tcp_rtt_us, inproc_call_rtt_us,
+    /// ipc_call_rtt_us, tcp_call_rtt_us (medians, us), ipc_calls_per_s
+    /// (calls/s), oneway_msgs_per_s (msgs/s). Payloads are 64 bytes.
+    Runtime(RuntimeArgs),
+
+    /// Worker process of the runtime suite: serves a proc with an echo actor
+    /// at ADDR, prints `READY <proc id>`, exits when stdin closes.
+    #[command(hide = true)]
+    Worker {
+        /// Where to serve: unix:PATH or tcp:IP:PORT.
+        #[arg(long)]
+        addr: ChannelAddr,
+        /// Tokio worker threads.
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=256))]
+        worker_threads: u16,
+        /// Tokio scheduler.
+        #[arg(long, value_enum, default_value_t = Flavor::MultiThread)]
+        flavor: Flavor,
+    },
+
+    /// Raw floor of the runtime suite: a blocking echo server at ADDR;
+    /// prints `READY <addr>`, exits when stdin closes.
+    #[command(hide = true, name = "raw-echo")]
+    RawEcho {
+        /// Where to serve: unix:PATH or tcp:IP:PORT.
+        #[arg(long)]
+        addr: ChannelAddr,
+    },
+}
+
+#[derive(Debug, Args)]
+struct RuntimeArgs {
+    /// Run far fewer iterations: finishes in a few seconds. For smoke tests;
+    /// the figures are rough.
+    #[arg(long)]
+    quick: bool,
+
+    /// Tokio worker threads in this process and in each worker process
+    /// (multi-thread scheduler only).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=256))]
+    worker_threads: u16,
+
+    /// Tokio scheduler in this process and in each worker process.
+    #[arg(long, value_enum, default_value_t = Flavor::MultiThread)]
+    flavor: Flavor,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("monarch-bench: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("warn,monarch_bench=info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    match cli.suite {
+        Suite::Runtime(args) => {
+            let threads = usize::from(args.worker_threads);
+            let settings = if args.quick {
+                runtime::Settings::quick(args.flavor, threads)
+            } else {
+                runtime::Settings::full(args.flavor, threads)
+            };
+            let rt = worker::runtime(args.flavor, threads)?;
+            let result = rt.block_on(runtime::run(&settings));
+            rt.shutdown_timeout(std::time::Duration::from_secs(1));
+            result
+        }
+        Suite::Worker {
+            addr,
+            worker_threads,
+            flavor,
+        } => worker::serve_echo_proc(addr, flavor, usize::from(worker_threads)),
+        Suite::RawEcho { addr } => raw::serve_echo(addr),
+    }
+}

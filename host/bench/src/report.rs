@@ -1,0 +1,158 @@
+//! Results: summary statistics and the one-line JSON records on stdout.
+//!
+//! Stdout carries nothing but records, one JSON object a line, so that a
+//! script can read it without parsing prose; everything for people goes to
+//! stderr through `tracing`.
+
+use std::io::Write;
+
+/// Units the suites report in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// Microseconds, for round trips.
+    Micros,
+    /// Completed calls per second.
+    CallsPerSec,
+    /// Delivered messages per second.
+    MsgsPerSec,
+}
+
+impl Unit {
+    /// The unit as written in a record.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unit::Micros => "us",
+            Unit::CallsPerSec => "calls/s",
+            Unit::MsgsPerSec => "msgs/s",
+        }
+    }
+
+    /// Rounds a value to the precision worth printing in this unit.
+    fn round(self, value: f64) -> f64 {
+        match self {
+            Unit::Micros => (value * 100.0).round() / 100.0,
+            Unit::CallsPerSec | Unit::MsgsPerSec => value.round(),
+        }
+    }
+}
+
+/// Writes one record to stdout and flushes it, so that a reader sees each
+/// figure as soon as it is measured.
+pub fn emit(suite: &str, metric: &str, value: f64, unit: Unit) -> anyhow::Result<()> {
+    let rounded = unit.round(value);
+    anyhow::ensure!(
+        rounded.is_finite() && rounded > 0.0,
+        "{metric} measured {value} {}, which is not a positive time or rate",
+        unit.as_str()
+    );
+    let record = record(suite, metric, rounded, unit);
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{record}")?;
+    stdout.flush()?;
+    Ok(())
+}
+
+/// One record as a JSON line, fields in the documented order (suite,
+/// metric, value, unit), which `serde_json`'s maps would sort.
+fn record(suite: &str, metric: &str, value: f64, unit: Unit) -> String {
+    let text = |s: &str| serde_json::Value::from(s).to_string();
+    format!(
+        "{{\"suite\":{},\"metric\":{},\"value\":{},\"unit\":{}}}",
+        text(suite),
+        text(metric),
+        serde_json::Value::from(value),
+        text(unit.as_str())
+    )
+}
+
+/// The `q`-quantile (0.0 ..= 1.0) of `samples`, by the nearest-rank method
+/// on a sorted copy. `None` for no samples.
+pub fn quantile(samples: &[f64], q: f64) -> Option<f64> {
+    if samples.is_empty() {
+        return None;
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = (q.clamp(0.0, 1.0) * (sorted.len() - 1) as f64).round() as usize;
+    Some(sorted[rank])
+}
+
+/// The median of `samples`; `None` for no samples.
+pub fn median(samples: &[f64]) -> Option<f64> {
+    quantile(samples, 0.5)
+}
+
+/// Median, 10th and 90th percentile of round-trip samples, for the log.
+pub struct Spread {
+    /// 10th percentile.
+    pub p10: f64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+}
+
+impl Spread {
+    /// The spread of `samples`; `None` for no samples.
+    pub fn of(samples: &[f64]) -> Option<Spread> {
+        Some(Spread {
+            p10: quantile(samples, 0.10)?,
+            p50: quantile(samples, 0.50)?,
+            p90: quantile(samples, 0.90)?,
+            p99: quantile(samples, 0.99)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_and_even_counts_picks_a_middle_sample() {
+        assert_eq!(median(&[5.0, 1.0, 3.0]), Some(3.0));
+        let even = median(&[4.0, 1.0, 3.0, 2.0]).unwrap();
+        assert!(even == 2.0 || even == 3.0, "{even}");
+        assert_eq!(median(&[]), None);
+    }
+
+    #[test]
+    fn quantiles_span_the_samples() {
+        let samples: Vec<f64> = (1..=101).map(f64::from).collect();
+        assert_eq!(quantile(&samples, 0.0), Some(1.0));
+        assert_eq!(quantile(&samples, 0.1), Some(11.0));
+        assert_eq!(quantile(&samples, 0.99), Some(100.0));
+        assert_eq!(quantile(&samples, 1.0), Some(101.0));
+    }
+
+    #[test]
+    fn units_round_to_what_is_worth_printing() {
+        assert_eq!(Unit::Micros.round(14.236), 14.24);
+        assert_eq!(Unit::CallsPerSec.round(1234.6), 1235.0);
+    }
+
+    #[test]
+    fn records_are_json_in_the_documented_order() {
+        let line = record("runtime", "ipc_call_rtt_us", 14.2, Unit::Micros);
+        assert_eq!(
+            line,
+            r#"{"suite":"runtime","metric":"ipc_call_rtt_us","value":14.2,"unit":"us"}"#
+        );
+        let parsed: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(parsed["value"], 14.2);
+        let rate = record("runtime", "ipc_calls_per_s", 141678.0, Unit::CallsPerSec);
+        assert!(
+            rate.contains(r#""value":141678.0,"unit":"calls/s""#),
+            "{rate}"
+        );
+    }
+
+    #[test]
+    fn a_zero_or_non_finite_figure_is_refused() {
+        assert!(emit("t", "m", 0.0, Unit::Micros).is_err());
+        assert!(emit("t", "m", f64::NAN, Unit::Micros).is_err());
+        assert!(emit("t", "m", f64::INFINITY, Unit::CallsPerSec).is_err());
+    }
+}
