@@ -11,10 +11,11 @@
 //!   peer acknowledges nothing for that long while frames wait, the link dies
 //!   and hands every unacknowledged frame's return info back to its owner,
 //!   which reports them undeliverable. A dead link takes no more frames.
-//! - LK-4: writes never block the sender: the sending task writes what the
-//!   socket takes at once, and the link's own task writes the rest when the
-//!   socket has room. Whoever finds the socket idle writes; everyone else
-//!   appends, so bursts leave in few system calls.
+//! - LK-4: writes never block the sender. A frame sent to an idle link is
+//!   written at once by the sending task; frames that arrive while a write is
+//!   under way, or in a burst (within `BURST_WINDOW` of the last write), are
+//!   appended and written together by the link's own task, which also
+//!   writes whatever the socket could not take when it has room again.
 
 use std::collections::VecDeque;
 use std::io;
@@ -33,6 +34,10 @@ use super::transport::{self, ReadHalf, WriteHalf};
 const MIN_BACKOFF: Duration = Duration::from_millis(5);
 const MAX_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_CONNECT_WAIT: Duration = Duration::from_secs(5);
+/// A frame sent this soon after the last write is part of a burst; the
+/// link's task writes it with whatever else arrives meanwhile. Shorter than
+/// any cross-process round trip, so a lone call is never held back.
+const BURST_WINDOW: Duration = Duration::from_micros(4);
 
 /// Counters shared by the links and receivers of a proc.
 #[derive(Debug, Default)]
@@ -69,10 +74,14 @@ struct LinkState<T> {
     unacked: VecDeque<Pending<T>>,
     conn: Option<Arc<WriteHalf>>,
     generation: u64,
-    /// Bytes for the current connection that nobody is writing yet.
+    /// Bytes for the current connection that nobody is writing yet, from `out_pos`.
     out: Vec<u8>,
+    out_pos: usize,
     spare: Vec<u8>,
     flushing: bool,
+    /// The link's task will write `out` soon (LK-4).
+    flush_scheduled: bool,
+    last_write: Instant,
     waiting_writable: bool,
     broken: bool,
     dead: bool,
@@ -111,8 +120,11 @@ impl<T: Send + 'static> Link<T> {
                 conn: None,
                 generation: 0,
                 out: Vec::new(),
+                out_pos: 0,
                 spare: Vec::new(),
                 flushing: false,
+                flush_scheduled: false,
+                last_write: Instant::now(),
                 waiting_writable: false,
                 broken: false,
                 dead: false,
@@ -148,6 +160,18 @@ impl<T: Send + 'static> Link<T> {
             sent: Instant::now(),
             ret,
         });
+        if st.flushing || st.waiting_writable || st.flush_scheduled {
+            // Whoever is writing, or about to, takes this frame too.
+            return Ok(());
+        }
+        if st.last_write.elapsed() < BURST_WINDOW {
+            // Part of a burst: let the link's task write what piles up
+            // meanwhile in one system call.
+            st.flush_scheduled = true;
+            drop(st);
+            self.wake.notify_one();
+            return Ok(());
+        }
         self.flush(st);
         Ok(())
     }
@@ -160,7 +184,7 @@ impl<T: Send + 'static> Link<T> {
 
     /// Writes `out` unless someone else is already writing (LK-4).
     fn flush(&self, mut st: MutexGuard<'_, LinkState<T>>) {
-        if st.flushing || st.waiting_writable || st.out.is_empty() {
+        if st.flushing || st.waiting_writable || st.out_pos == st.out.len() {
             return;
         }
         let Some(conn) = st.conn.clone() else {
@@ -168,20 +192,22 @@ impl<T: Send + 'static> Link<T> {
         };
         let generation = st.generation;
         st.flushing = true;
+        st.flush_scheduled = false;
+        st.last_write = Instant::now();
         let spare = std::mem::take(&mut st.spare);
         let mut buf = std::mem::replace(&mut st.out, spare);
+        let mut pos = std::mem::take(&mut st.out_pos);
         drop(st);
         loop {
-            let mut written = 0;
             let mut failed = None;
             let mut blocked = false;
-            while written < buf.len() {
-                match conn.try_write(&buf[written..]) {
+            while pos < buf.len() {
+                match conn.try_write(&buf[pos..]) {
                     Ok(0) => {
                         failed = Some(io::Error::from(io::ErrorKind::WriteZero));
                         break;
                     }
-                    Ok(n) => written += n,
+                    Ok(n) => pos += n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         blocked = true;
                         break;
@@ -206,11 +232,19 @@ impl<T: Send + 'static> Link<T> {
                 return;
             }
             if blocked {
-                buf.drain(..written);
-                buf.extend_from_slice(&st.out);
-                st.out.clear();
-                std::mem::swap(&mut st.out, &mut buf);
-                st.spare = buf;
+                // Keep the unwritten rest where it is (no quadratic shuffling):
+                // new bytes go after it, and the front is reclaimed once it
+                // is most of the buffer.
+                if pos > buf.len() / 2 {
+                    buf.drain(..pos);
+                    pos = 0;
+                }
+                let newer = std::mem::take(&mut st.out);
+                buf.extend_from_slice(&newer);
+                st.spare = newer;
+                st.spare.clear();
+                st.out = buf;
+                st.out_pos = pos;
                 st.flushing = false;
                 st.waiting_writable = true;
                 drop(st);
@@ -218,12 +252,14 @@ impl<T: Send + 'static> Link<T> {
                 return;
             }
             buf.clear();
+            pos = 0;
             if st.out.is_empty() {
                 st.spare = buf;
                 st.flushing = false;
                 return;
             }
             std::mem::swap(&mut buf, &mut st.out);
+            st.last_write = Instant::now();
         }
     }
 
@@ -275,7 +311,10 @@ impl<T: Send + 'static> Link<T> {
                 st.broken = false;
                 st.flushing = false;
                 st.waiting_writable = false;
+                st.flush_scheduled = false;
                 st.last_ack = Instant::now();
+                st.last_write = Instant::now() - BURST_WINDOW;
+                st.out_pos = 0;
                 let mut out = std::mem::take(&mut st.out);
                 out.clear();
                 for pending in &st.unacked {
@@ -298,8 +337,10 @@ impl<T: Send + 'static> Link<T> {
                 let mut st = self.state.lock();
                 st.conn = None;
                 st.out.clear();
+                st.out_pos = 0;
                 st.flushing = false;
                 st.waiting_writable = false;
+                st.flush_scheduled = false;
                 if st.dead {
                     return;
                 }
@@ -366,7 +407,13 @@ impl<T: Send + 'static> Link<T> {
                     st.waiting_writable = false;
                     self.flush(st);
                 }
-                _ = self.wake.notified() => {}
+                _ = self.wake.notified() => {
+                    let mut st = self.state.lock();
+                    if st.flush_scheduled {
+                        st.flush_scheduled = false;
+                        self.flush(st);
+                    }
+                }
                 _ = tokio::time::sleep_until(next_check) => {
                     next_check = tokio::time::Instant::now() + check_every;
                     let st = self.state.lock();
