@@ -26,7 +26,6 @@
 //!   supervision stream receives what root actors do not handle.
 
 use std::any::type_name;
-use std::borrow::Cow;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::ops::Deref;
@@ -44,7 +43,9 @@ use tracing::Instrument;
 
 use crate::failure::{ActorSupervisionEvent, CallError, DeliveryFailure, Undeliverable};
 use crate::id::ActorId;
-use crate::mailbox::{Mailbox, Meta, OncePortRef, Payload, PortRef, PortSink, UNDELIVERABLE_PORT};
+use crate::mailbox::{
+    Mailbox, Meta, OncePortRef, Payload, PortRef, PortSink, TypeName, UNDELIVERABLE_PORT,
+};
 use crate::message::{RemoteMessage, handler_port};
 use crate::proc::{Proc, ProcError};
 
@@ -254,7 +255,7 @@ impl<A: Actor> PortSink for UndeliverableSink<A> {
     fn deliver(&self, _: Payload<'_>, meta: Meta) -> Result<(), DeliveryFailure> {
         Err(DeliveryFailure::UnknownPort {
             port: meta.dest,
-            message_type: meta.message_type.into_owned(),
+            message_type: meta.message_type.to_string(),
         })
     }
 
@@ -680,7 +681,7 @@ pub(crate) fn meta_for<M: 'static>(
         sender: sender.clone(),
         dest: dest.clone(),
         return_port,
-        message_type: Cow::Borrowed(type_name::<M>()),
+        message_type: TypeName::Static(type_name::<M>()),
     }
 }
 

@@ -107,6 +107,12 @@ impl ProcId {
     pub(crate) fn same(&self, other: &ProcId) -> bool {
         Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
     }
+
+    /// Whether an archived proc id names this proc, without decoding it.
+    pub(crate) fn matches_archived(&self, archived: &ArchivedProcId) -> bool {
+        let inner = archived.0.get();
+        inner.name == self.0.name.as_str() && self.0.addr.matches_archived(&inner.addr)
+    }
 }
 
 impl fmt::Display for ProcId {
@@ -181,6 +187,14 @@ impl ActorId {
             port,
         }
     }
+
+    /// Whether an archived actor id names this actor, without decoding it.
+    pub(crate) fn matches_archived(&self, archived: &ArchivedActorId) -> bool {
+        let inner = archived.0.get();
+        inner.rank.to_native() == self.0.rank
+            && inner.name == self.0.name.as_str()
+            && self.0.proc.matches_archived(&inner.proc)
+    }
 }
 
 impl fmt::Display for ActorId {
@@ -237,6 +251,13 @@ impl PortId {
     /// The port number within the actor's mailbox.
     pub fn index(&self) -> u64 {
         self.port
+    }
+}
+
+impl ArchivedPortId {
+    /// The archived actor and the port number.
+    pub(crate) fn parts(&self) -> (&ArchivedActorId, u64) {
+        (&self.actor, self.port.to_native())
     }
 }
 

@@ -23,7 +23,6 @@
 //!   to it are undeliverable (`UnknownPort`).
 
 use std::any::{Any, type_name};
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -48,7 +47,32 @@ pub(crate) struct Meta {
     pub(crate) sender: ActorId,
     pub(crate) dest: PortId,
     pub(crate) return_port: Option<PortId>,
-    pub(crate) message_type: Cow<'static, str>,
+    pub(crate) message_type: TypeName,
+}
+
+/// The Rust type name of a message: static when sent from this proc, shared
+/// when it came over a channel (one allocation per connection and type).
+#[derive(Debug, Clone)]
+pub(crate) enum TypeName {
+    Static(&'static str),
+    Shared(Arc<str>),
+}
+
+impl std::ops::Deref for TypeName {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        match self {
+            TypeName::Static(name) => name,
+            TypeName::Shared(name) => name,
+        }
+    }
+}
+
+impl std::fmt::Display for TypeName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self)
+    }
 }
 
 /// A message on its way into a port.
@@ -154,7 +178,7 @@ impl MailboxEntry {
             Some(sink) => sink.deliver(payload, meta),
             None => Err(DeliveryFailure::UnknownPort {
                 port: meta.dest.clone(),
-                message_type: meta.message_type.into_owned(),
+                message_type: meta.message_type.to_string(),
             }),
         }
     }
@@ -325,7 +349,7 @@ impl PortSink for ClientUndeliverable {
     fn deliver(&self, _: Payload<'_>, meta: Meta) -> Result<(), DeliveryFailure> {
         Err(DeliveryFailure::UnknownPort {
             port: meta.dest,
-            message_type: meta.message_type.into_owned(),
+            message_type: meta.message_type.to_string(),
         })
     }
 
@@ -344,7 +368,7 @@ impl<M: RemoteMessage> PortSink for StreamSink<M> {
             .send(message)
             .map_err(|_| DeliveryFailure::UnknownPort {
                 port: meta.dest,
-                message_type: meta.message_type.into_owned(),
+                message_type: meta.message_type.to_string(),
             })
     }
 }

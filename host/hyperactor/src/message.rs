@@ -29,6 +29,8 @@ use crate::id::{ActorId, PortId};
 pub trait RemoteMessage: Send + Sized + 'static {
     /// Archives the message.
     fn encode(&self) -> Result<AlignedVec, rancor::Error>;
+    /// Archives the message at the end of `buf` (which keeps its alignment).
+    fn encode_into(&self, buf: AlignedVec) -> Result<AlignedVec, rancor::Error>;
     /// Validates an archive and decodes it.
     fn decode(bytes: &[u8]) -> Result<Self, rancor::Error>;
 }
@@ -42,6 +44,10 @@ where
 {
     fn encode(&self) -> Result<AlignedVec, rancor::Error> {
         rkyv::to_bytes::<rancor::Error>(self)
+    }
+
+    fn encode_into(&self, buf: AlignedVec) -> Result<AlignedVec, rancor::Error> {
+        rkyv::api::high::to_bytes_in::<_, rancor::Error>(self, buf)
     }
 
     fn decode(bytes: &[u8]) -> Result<Self, rancor::Error> {
@@ -80,8 +86,15 @@ pub fn handler_port<M: 'static>() -> u64 {
 /// The body of an envelope.
 #[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub(crate) enum Body {
-    /// An archived message.
-    Message(Vec<u8>),
+    /// An archived message, stored in the frame body before the envelope at
+    /// this offset and length, so that it is archived once, straight into
+    /// the frame, and validated in place on arrival.
+    Message {
+        /// Where the message archive starts in the frame body.
+        offset: u32,
+        /// Its length.
+        len: u32,
+    },
     /// A failure for a call's reply port.
     Failure(DeliveryFailure),
     /// A message returned to its sender's mailbox.
@@ -101,6 +114,21 @@ pub(crate) struct Envelope {
     pub(crate) message_type: String,
     /// The message or failure.
     pub(crate) body: Body,
+}
+
+/// Archives an envelope at the end of `buf`. Ids are written out wherever
+/// they occur rather than shared, which costs a few bytes and saves the
+/// bookkeeping of shared pointers on every message.
+pub(crate) fn encode_envelope(
+    envelope: &Envelope,
+    buf: AlignedVec,
+) -> Result<AlignedVec, rancor::Error> {
+    rkyv::util::with_arena(|arena| {
+        let mut serializer =
+            rkyv::ser::Serializer::new(buf, arena.acquire(), rkyv::ser::sharing::Unshare);
+        rkyv::api::serialize_using::<_, rancor::Error>(envelope, &mut serializer)?;
+        Ok(serializer.into_writer())
+    })
 }
 
 #[cfg(test)]

@@ -15,7 +15,6 @@
 //! - PR-3: a message that cannot be delivered comes back to its sender as an
 //!   [`Undeliverable`], and the call waiting on it fails (DF-1).
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,9 +33,13 @@ use crate::channel::link::{Link, LinkConfig};
 use crate::channel::transport::{Conn, Listener, WriteHalf};
 use crate::channel::{ChannelAddr, ChannelStats};
 use crate::failure::{ActorSupervisionEvent, DeliveryFailure, Undeliverable};
-use crate::id::{ActorId, IdParseError, PortId, ProcId, validate_name};
-use crate::mailbox::{Mailbox, MailboxEntry, Meta, Payload, UNDELIVERABLE_PORT};
-use crate::message::{ArchivedBody, ArchivedEnvelope, Body, Envelope, RemoteMessage};
+use crate::id::{
+    ActorId, ArchivedActorId, ArchivedPortId, IdParseError, PortId, ProcId, validate_name,
+};
+use crate::mailbox::{Mailbox, MailboxEntry, Meta, Payload, TypeName, UNDELIVERABLE_PORT};
+use crate::message::{
+    ArchivedBody, ArchivedEnvelope, Body, Envelope, RemoteMessage, encode_envelope,
+};
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -270,8 +273,18 @@ impl Proc {
             self.deliver_local(Payload::Local(Box::new(message)), meta);
             return;
         }
-        let payload = match message.encode() {
-            Ok(bytes) => bytes.to_vec(),
+        // The message is archived straight into the frame, the envelope after it.
+        let frame = frame_buffer(256);
+        let encoded = message
+            .encode_into(frame)
+            .map_err(|e| e.to_string())
+            .and_then(|frame| {
+                let len = u32::try_from(frame.len() - HEADER_LEN)
+                    .map_err(|_| "message larger than 4 GiB".to_string())?;
+                Ok((frame, len))
+            });
+        let (frame, len) = match encoded {
+            Ok(encoded) => encoded,
             Err(e) => {
                 let failure = DeliveryFailure::Malformed {
                     port: dest.clone(),
@@ -286,9 +299,9 @@ impl Proc {
             dest: dest.clone(),
             return_port: meta.return_port.clone(),
             message_type: meta.message_type.to_string(),
-            body: Body::Message(payload),
+            body: Body::Message { offset: 0, len },
         };
-        self.send_remote(&envelope, Some(meta));
+        self.send_remote(frame, &envelope, Some(meta));
     }
 
     fn deliver_local(&self, payload: Payload<'_>, meta: Meta) {
@@ -328,7 +341,7 @@ impl Proc {
                 match body {
                     Body::Failure(failure) => entry.fail(to.index(), failure),
                     Body::Undeliverable(undeliverable) => entry.undeliverable(undeliverable),
-                    Body::Message(_) => {}
+                    Body::Message { .. } => {}
                 }
             }
             return;
@@ -340,13 +353,13 @@ impl Proc {
             message_type: String::new(),
             body,
         };
-        self.send_remote(&envelope, None);
+        self.send_remote(frame_buffer(256), &envelope, None);
     }
 
-    fn send_remote(&self, envelope: &Envelope, meta: Option<Meta>) {
-        let mut frame = frame_buffer(256);
-        let encoded = rkyv::api::high::to_bytes_in::<_, rancor::Error>(envelope, frame);
-        frame = match encoded {
+    /// Archives `envelope` into `frame` (after the message, if any) and
+    /// hands the frame to the link for the destination's address.
+    fn send_remote(&self, frame: rkyv::util::AlignedVec, envelope: &Envelope, meta: Option<Meta>) {
+        let mut frame = match encode_envelope(envelope, frame) {
             Ok(frame) => frame,
             Err(e) => {
                 if let Some(meta) = meta {
@@ -451,9 +464,15 @@ impl Proc {
         }
     }
 
-    /// Routes one validated envelope from another proc.
-    fn deliver_archived(&self, envelope: &ArchivedEnvelope) -> Result<(), rancor::Error> {
-        let dest: PortId = rkyv::deserialize::<PortId, rancor::Error>(&envelope.dest)?;
+    /// Routes one validated envelope from another proc; `body` is the whole
+    /// frame body, which holds the message archive.
+    fn deliver_archived(
+        &self,
+        body: &[u8],
+        envelope: &ArchivedEnvelope,
+        cache: &mut IdCache,
+    ) -> Result<(), FrameError> {
+        let dest = cache.port(&envelope.dest)?;
         let actor = dest.actor_id();
         let entry = if actor.proc_id().name() == self.0.id.name() {
             self.lookup(actor.name(), actor.rank())
@@ -461,17 +480,24 @@ impl Proc {
             None
         };
         match &envelope.body {
-            ArchivedBody::Message(bytes) => {
+            ArchivedBody::Message { offset, len } => {
+                let start = offset.to_native() as usize;
+                let bytes = start
+                    .checked_add(len.to_native() as usize)
+                    .and_then(|end| body.get(start..end))
+                    .ok_or_else(|| FrameError::Invalid("message outside its frame".into()))?;
+                let return_port = match envelope.return_port.as_ref() {
+                    Some(port) => Some(cache.port(port)?),
+                    None => None,
+                };
                 let meta = Meta {
-                    sender: rkyv::deserialize::<ActorId, rancor::Error>(&envelope.sender)?,
-                    return_port: rkyv::deserialize::<Option<PortId>, rancor::Error>(
-                        &envelope.return_port,
-                    )?,
-                    message_type: Cow::Owned(envelope.message_type.as_str().to_string()),
+                    sender: cache.actor(&envelope.sender)?,
+                    return_port,
+                    message_type: cache.type_name(envelope.message_type.as_str()),
                     dest,
                 };
                 let result = match entry {
-                    Some(entry) => entry.deliver(Payload::Remote(bytes.as_slice()), meta.clone()),
+                    Some(entry) => entry.deliver(Payload::Remote(bytes), meta.clone()),
                     None => Err(DeliveryFailure::UnknownActor {
                         actor: meta.dest.actor_id().clone(),
                     }),
@@ -482,15 +508,12 @@ impl Proc {
             }
             ArchivedBody::Failure(failure) => {
                 if let Some(entry) = entry {
-                    let failure = rkyv::deserialize::<DeliveryFailure, rancor::Error>(failure)?;
-                    entry.fail(dest.index(), failure);
+                    entry.fail(dest.index(), decode(failure)?);
                 }
             }
             ArchivedBody::Undeliverable(undeliverable) => {
                 if let Some(entry) = entry {
-                    let undeliverable =
-                        rkyv::deserialize::<Undeliverable, rancor::Error>(undeliverable)?;
-                    entry.undeliverable(undeliverable);
+                    entry.undeliverable(decode(undeliverable)?);
                 }
             }
         }
@@ -499,6 +522,61 @@ impl Proc {
 
     fn session(&self, id: u64) -> Session {
         self.0.sessions.lock().entry(id).or_default().clone()
+    }
+}
+
+fn decode<T>(archived: &T::Archived) -> Result<T, FrameError>
+where
+    T: rkyv::Archive,
+    T::Archived: rkyv::Deserialize<T, rkyv::api::high::HighDeserializer<rancor::Error>>,
+{
+    rkyv::deserialize::<T, rancor::Error>(archived).map_err(|e| FrameError::Invalid(e.to_string()))
+}
+
+/// The ids and type names seen last on one connection, so that a steady
+/// stream between the same actors decodes no ids and allocates no names.
+#[derive(Default)]
+struct IdCache {
+    actors: [Option<ActorId>; 4],
+    next_actor: usize,
+    type_names: [Option<Arc<str>>; 2],
+    next_type_name: usize,
+}
+
+impl IdCache {
+    fn actor(&mut self, archived: &ArchivedActorId) -> Result<ActorId, FrameError> {
+        if let Some(id) = self
+            .actors
+            .iter()
+            .flatten()
+            .find(|id| id.matches_archived(archived))
+        {
+            return Ok(id.clone());
+        }
+        let id: ActorId = decode(archived)?;
+        self.actors[self.next_actor] = Some(id.clone());
+        self.next_actor = (self.next_actor + 1) % self.actors.len();
+        Ok(id)
+    }
+
+    fn port(&mut self, archived: &ArchivedPortId) -> Result<PortId, FrameError> {
+        let (actor, port) = archived.parts();
+        Ok(self.actor(actor)?.port_id(port))
+    }
+
+    fn type_name(&mut self, name: &str) -> TypeName {
+        if let Some(known) = self
+            .type_names
+            .iter()
+            .flatten()
+            .find(|known| &***known == name)
+        {
+            return TypeName::Shared(known.clone());
+        }
+        let shared: Arc<str> = Arc::from(name);
+        self.type_names[self.next_type_name] = Some(shared.clone());
+        self.next_type_name = (self.next_type_name + 1) % self.type_names.len();
+        TypeName::Shared(shared)
     }
 }
 
@@ -577,6 +655,7 @@ async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
     let (session_id, from) = hello;
     tracing::debug!(proc = %proc.0.id, %from, "accepted a link");
     let session = proc.session(session_id);
+    let mut cache = IdCache::default();
     let mut delivered = 0u64;
     let mut acked = 0u64;
     let mut ack_deadline: Option<tokio::time::Instant> = None;
@@ -605,8 +684,7 @@ async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
             } else {
                 let envelope = rkyv::access::<ArchivedEnvelope, rancor::Error>(bytes)
                     .map_err(|e| FrameError::Invalid(e.to_string()))?;
-                proc.deliver_archived(envelope)
-                    .map_err(|e| FrameError::Invalid(e.to_string()))?;
+                proc.deliver_archived(bytes, envelope, &mut cache)?;
                 *last = header.seq;
                 delivered = header.seq;
             }
@@ -931,16 +1009,18 @@ mod tests {
         let sender = b.id().actor_id("peer", 0).unwrap();
         let frames: Vec<_> = (0..3u64)
             .map(|seq| {
+                let frame = Numbered { stream: 9, seq }
+                    .encode_into(frame_buffer(256))
+                    .unwrap();
+                let len = (frame.len() - HEADER_LEN) as u32;
                 let envelope = Envelope {
                     sender: sender.clone(),
                     dest: echo.actor_id().port_id(handler_port::<Numbered>()),
                     return_port: None,
                     message_type: "Numbered".into(),
-                    body: Body::Message(Numbered { stream: 9, seq }.encode().unwrap().to_vec()),
+                    body: Body::Message { offset: 0, len },
                 };
-                let mut frame =
-                    rkyv::api::high::to_bytes_in::<_, rancor::Error>(&envelope, frame_buffer(256))
-                        .unwrap();
+                let mut frame = encode_envelope(&envelope, frame).unwrap();
                 finish_frame(&mut frame, FrameKind::Data, seq + 1);
                 frame
             })

@@ -46,6 +46,18 @@ impl ChannelAddr {
     }
 }
 
+impl ChannelAddr {
+    /// Whether an archived address is this one, without decoding it.
+    pub(crate) fn matches_archived(&self, archived: &ArchivedChannelAddr) -> bool {
+        match (self, archived) {
+            (ChannelAddr::Local(name), ArchivedChannelAddr::Local(other)) => other == name.as_str(),
+            (ChannelAddr::Unix(path), ArchivedChannelAddr::Unix(other)) => other == path.as_str(),
+            (ChannelAddr::Tcp(addr), ArchivedChannelAddr::Tcp(other)) => other == addr,
+            _ => false,
+        }
+    }
+}
+
 impl fmt::Display for ChannelAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
