@@ -26,6 +26,8 @@ use std::ops::Range;
 use rkyv::util::AlignedVec;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
+use super::transport::ReadHalf;
+
 /// Size of the frame header.
 pub(crate) const HEADER_LEN: usize = 16;
 const MAGIC: u16 = 0x484d;
@@ -227,6 +229,22 @@ impl FrameReader {
         &mut self,
         rd: &mut R,
     ) -> Result<bool, FrameError> {
+        let n = rd.read(self.spare()).await?;
+        self.filled(n)
+    }
+
+    /// Like [`FrameReader::fill`] without waiting: `Ok(None)` when no bytes
+    /// are there yet.
+    pub(crate) fn try_fill(&mut self, rd: &ReadHalf) -> Result<Option<bool>, FrameError> {
+        match rd.try_read(self.spare()) {
+            Ok(n) => self.filled(n).map(Some),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Room to read into, after the unread bytes.
+    fn spare(&mut self) -> &mut [u8] {
         if self.end == self.buf.len() {
             self.compact();
             if self.end == self.buf.len() {
@@ -234,7 +252,10 @@ impl FrameReader {
                 self.buf.resize(grown, 0);
             }
         }
-        let n = rd.read(&mut self.buf.as_mut_slice()[self.end..]).await?;
+        &mut self.buf.as_mut_slice()[self.end..]
+    }
+
+    fn filled(&mut self, n: usize) -> Result<bool, FrameError> {
         if n == 0 {
             let partial = self.end - self.start;
             return if partial == 0 {

@@ -160,6 +160,16 @@ pub(crate) enum ReadHalf {
     Unix(unix::OwnedReadHalf),
 }
 
+impl ReadHalf {
+    /// Reads what is there without waiting; `WouldBlock` when nothing is.
+    pub(crate) fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            ReadHalf::Tcp(r) => r.try_read(buf),
+            ReadHalf::Unix(r) => r.try_read(buf),
+        }
+    }
+}
+
 impl AsyncRead for ReadHalf {
     fn poll_read(
         self: Pin<&mut Self>,
