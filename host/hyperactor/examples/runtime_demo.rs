@@ -37,7 +37,10 @@ async fn main() -> anyhow::Result<()> {
             .ok_or_else(|| anyhow!("worker needs an address"))?;
         return worker(addr.parse()?).await;
     }
-    controller().await
+    // The controller runs as a task on the runtime's workers, as actors do,
+    // not on the thread that waits in `main`: replies then need no hop to
+    // another thread.
+    tokio::spawn(controller()).await?
 }
 
 /// The worker process: two echo actors, until stdin closes.
