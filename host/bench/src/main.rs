@@ -128,6 +128,9 @@ enum Suite {
         /// Tokio scheduler.
         #[arg(long, value_enum, default_value_t = Flavor::MultiThread)]
         flavor: Flavor,
+        /// Busy-poll window of the proc's connections, in microseconds.
+        #[arg(long, default_value_t = DEFAULT_BUSY_POLL_US)]
+        busy_poll_us: u64,
     },
 
     /// Raw floor of the runtime suite: a blocking echo server at ADDR;
@@ -155,7 +158,17 @@ struct RuntimeArgs {
     /// Tokio scheduler in this process and in each worker process.
     #[arg(long, value_enum, default_value_t = Flavor::MultiThread)]
     flavor: Flavor,
+
+    /// How long each proc's connections poll for the next frame before
+    /// their task sleeps (hyperactor's `ProcConfig::busy_poll`), in
+    /// microseconds, in this process and in each worker process. 0 turns
+    /// busy polling off.
+    #[arg(long, default_value_t = DEFAULT_BUSY_POLL_US)]
+    busy_poll_us: u64,
 }
+
+/// hyperactor's default busy-poll window, in microseconds.
+const DEFAULT_BUSY_POLL_US: u64 = 50;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -179,11 +192,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.suite {
         Suite::Runtime(args) => {
             let threads = usize::from(args.worker_threads);
-            let settings = if args.quick {
+            let mut settings = if args.quick {
                 runtime::Settings::quick(args.flavor, threads)
             } else {
                 runtime::Settings::full(args.flavor, threads)
             };
+            settings.busy_poll = std::time::Duration::from_micros(args.busy_poll_us);
             let rt = worker::runtime(args.flavor, threads)?;
             let result = rt.block_on(runtime::run(&settings));
             rt.shutdown_timeout(std::time::Duration::from_secs(1));
@@ -193,7 +207,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             addr,
             worker_threads,
             flavor,
-        } => worker::serve_echo_proc(addr, flavor, usize::from(worker_threads)),
+            busy_poll_us,
+        } => worker::serve_echo_proc(
+            addr,
+            flavor,
+            usize::from(worker_threads),
+            std::time::Duration::from_micros(busy_poll_us),
+        ),
         Suite::RawEcho { addr } => raw::serve_echo(addr),
     }
 }

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use hyperactor::testing::EchoActor;
-use hyperactor::{ActorId, ActorRef, Mailbox, Proc, ProcId};
+use hyperactor::{ActorId, ActorRef, Mailbox, Proc, ProcConfig, ProcId};
 
 use crate::driver::{Completed, Driver, OneWay, Pipeline, TimeCalls};
 use crate::raw::RawStream;
@@ -29,6 +29,9 @@ use crate::report::{Spread, Unit, emit, median};
 use crate::worker::{ECHO_ACTOR, Flavor, Scratch, Worker};
 
 const SUITE: &str = "runtime";
+
+/// Quiet time before each round of a raw floor.
+const FLOOR_SETTLE: Duration = Duration::from_millis(200);
 
 /// How much to measure.
 #[derive(Debug, Clone)]
@@ -53,6 +56,8 @@ pub struct Settings {
     pub flavor: Flavor,
     /// Tokio worker threads of a multi-thread scheduler.
     pub worker_threads: usize,
+    /// Busy-poll window of every proc's connections.
+    pub busy_poll: Duration,
 }
 
 impl Settings {
@@ -69,6 +74,7 @@ impl Settings {
             oneway_count: 200_000,
             flavor,
             worker_threads,
+            busy_poll: ProcConfig::default().busy_poll,
         }
     }
 
@@ -85,6 +91,7 @@ impl Settings {
             oneway_count: 5_000,
             flavor,
             worker_threads,
+            busy_poll: ProcConfig::default().busy_poll,
         }
     }
 }
@@ -103,8 +110,13 @@ impl Transport {
         kind: &str,
         own_addr: hyperactor::ChannelAddr,
         worker: &Worker,
+        busy_poll: Duration,
     ) -> anyhow::Result<Transport> {
-        let proc = Proc::serve("bench", own_addr.clone())
+        let config = ProcConfig {
+            busy_poll,
+            ..ProcConfig::default()
+        };
+        let proc = Proc::serve_with_config("bench", own_addr.clone(), config)
             .await
             .with_context(|| format!("cannot serve the {kind} bench proc on {own_addr}"))?;
         let driver = proc.spawn("driver", 0, Driver)?.bind();
@@ -242,6 +254,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<()> {
     let scratch = Scratch::new()?;
     tracing::info!(?settings, scratch = %scratch.path().display(), "runtime suite");
     let threads = settings.worker_threads.to_string();
+    let busy_poll_us = settings.busy_poll.as_micros().to_string();
     let echo_worker = |addr: String| {
         [
             "worker".to_string(),
@@ -251,6 +264,8 @@ pub async fn run(settings: &Settings) -> anyhow::Result<()> {
             threads.clone(),
             "--flavor".into(),
             settings.flavor.as_arg().into(),
+            "--busy-poll-us".into(),
+            busy_poll_us.clone(),
         ]
     };
     let raw_worker = |addr: String| ["raw-echo".to_string(), "--addr".into(), addr];
@@ -269,8 +284,20 @@ pub async fn run(settings: &Settings) -> anyhow::Result<()> {
     let raw_tcp_worker =
         Worker::start("raw tcp echo", &raw_worker("tcp:127.0.0.1:0".into())).await?;
 
-    let unix = Transport::start("unix", scratch.unix_addr("bench.sock")?, &unix_worker).await?;
-    let tcp = Transport::start("tcp", "tcp:127.0.0.1:0".parse()?, &tcp_worker).await?;
+    let unix = Transport::start(
+        "unix",
+        scratch.unix_addr("bench.sock")?,
+        &unix_worker,
+        settings.busy_poll,
+    )
+    .await?;
+    let tcp = Transport::start(
+        "tcp",
+        "tcp:127.0.0.1:0".parse()?,
+        &tcp_worker,
+        settings.busy_poll,
+    )
+    .await?;
     // The in-process target lives in the unix bench proc, beside its driver.
     let local_echo = unix
         .proc
@@ -298,11 +325,17 @@ pub async fn run(settings: &Settings) -> anyhow::Result<()> {
     let rounds = settings.rounds.max(1);
     let per_round = settings.rtt_samples.div_ceil(rounds);
     for _ in 0..rounds {
+        // Busy-polling procs leave the CPUs looking loaded to the kernel's
+        // scheduler for a few tens of milliseconds, which changes where it
+        // wakes the raw echo's threads and can put the floor in its slow
+        // mode. Letting that fade first keeps the floor a floor.
+        tokio::time::sleep(FLOOR_SETTLE).await;
         let samples;
         (raw_unix, samples) = raw_rtt(raw_unix, payload, per_round).await?;
         raw_unix_us.add(samples);
         inproc_us.add(unix.rtt(&local_echo, per_round, payload).await?);
         ipc_us.add(unix.rtt(&unix.remote_echo, per_round, payload).await?);
+        tokio::time::sleep(FLOOR_SETTLE).await;
         let samples;
         (raw_tcp, samples) = raw_rtt(raw_tcp, payload, per_round).await?;
         raw_tcp_us.add(samples);

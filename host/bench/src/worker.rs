@@ -201,11 +201,16 @@ pub fn serve_echo_proc(
     addr: ChannelAddr,
     flavor: Flavor,
     worker_threads: usize,
+    busy_poll: Duration,
 ) -> anyhow::Result<()> {
     let runtime = runtime(flavor, worker_threads)?;
     runtime.block_on(async {
         let closed = stdin_closed();
-        let proc = Proc::serve(WORKER_PROC, addr).await?;
+        let config = hyperactor::ProcConfig {
+            busy_poll,
+            ..hyperactor::ProcConfig::default()
+        };
+        let proc = Proc::serve_with_config(WORKER_PROC, addr, config).await?;
         let _echo = proc.spawn(ECHO_ACTOR, 0, EchoActor::default())?;
         println!("READY {}", proc.id());
         let _ = closed.await;
