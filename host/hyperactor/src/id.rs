@@ -159,10 +159,48 @@ struct ActorIdInner {
 /// The identity of an actor: its proc, its name and its rank.
 ///
 /// Actors of one mesh share a name and differ by rank; a lone actor has rank 0.
-#[derive(
-    Clone, PartialEq, Eq, Hash, PartialOrd, Ord, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
-)]
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, rkyv::Archive, rkyv::Serialize)]
 pub struct ActorId(Arc<ActorIdInner>);
+
+/// Actor ids decoded lately on this thread. A stream of messages carries the
+/// same few ids (a caller's reply port, say) again and again; handing out
+/// the one already decoded saves its allocations.
+struct RecentActorIds {
+    ids: [Option<ActorId>; 8],
+    next: usize,
+}
+
+thread_local! {
+    static RECENT_ACTOR_IDS: std::cell::RefCell<RecentActorIds> =
+        const { std::cell::RefCell::new(RecentActorIds { ids: [const { None }; 8], next: 0 }) };
+}
+
+impl<D> rkyv::Deserialize<ActorId, D> for ArchivedActorId
+where
+    D: rkyv::rancor::Fallible + ?Sized,
+    ArchivedActorIdInner: rkyv::Deserialize<ActorIdInner, D>,
+{
+    fn deserialize(&self, deserializer: &mut D) -> Result<ActorId, D::Error> {
+        let known = RECENT_ACTOR_IDS.with_borrow(|recent| {
+            recent
+                .ids
+                .iter()
+                .flatten()
+                .find(|id| id.matches_archived(self))
+                .cloned()
+        });
+        if let Some(id) = known {
+            return Ok(id);
+        }
+        let id = ActorId(Arc::new(self.0.get().deserialize(deserializer)?));
+        RECENT_ACTOR_IDS.with_borrow_mut(|recent| {
+            let slot = recent.next;
+            recent.ids[slot] = Some(id.clone());
+            recent.next = (slot + 1) % recent.ids.len();
+        });
+        Ok(id)
+    }
+}
 
 impl ActorId {
     /// The actor's proc.

@@ -542,30 +542,18 @@ where
     rkyv::deserialize::<T, rancor::Error>(archived).map_err(|e| FrameError::Invalid(e.to_string()))
 }
 
-/// The ids and type names seen last on one connection, so that a steady
-/// stream between the same actors decodes no ids and allocates no names.
+/// What one connection decoded lately. Ids need nothing here: their
+/// decoder reuses recent ones (see `id.rs`). Type names are kept so that a
+/// steady stream allocates none.
 #[derive(Default)]
 struct IdCache {
-    actors: [Option<ActorId>; 4],
-    next_actor: usize,
     type_names: [Option<Arc<str>>; 2],
     next_type_name: usize,
 }
 
 impl IdCache {
     fn actor(&mut self, archived: &ArchivedActorId) -> Result<ActorId, FrameError> {
-        if let Some(id) = self
-            .actors
-            .iter()
-            .flatten()
-            .find(|id| id.matches_archived(archived))
-        {
-            return Ok(id.clone());
-        }
-        let id: ActorId = decode(archived)?;
-        self.actors[self.next_actor] = Some(id.clone());
-        self.next_actor = (self.next_actor + 1) % self.actors.len();
-        Ok(id)
+        decode(archived)
     }
 
     fn port(&mut self, archived: &ArchivedPortId) -> Result<PortId, FrameError> {
