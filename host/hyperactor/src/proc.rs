@@ -42,8 +42,8 @@ use crate::message::{
 };
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Non-blocking reads per yield while a connection busy-polls.
-const SPIN_READS: usize = 8;
+/// How long a busy-polling connection holds its worker between yields.
+const SPIN_SLICE: Duration = Duration::from_micros(5);
 
 /// Settings of a proc. Every field has a default that suits one machine.
 #[derive(Debug, Clone)]
@@ -696,21 +696,26 @@ async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
         }
         // Poll briefly before sleeping in epoll: a peer in a conversation
         // usually answers within microseconds, and waking a sleeping thread
-        // costs more than that on virtual machines. Yielding between polls
-        // lets the actors this connection just fed run meanwhile.
+        // costs more than that on virtual machines. The first yield lets the
+        // actors this connection just fed run; later ones, every few
+        // microseconds, keep the rest of this worker's tasks going.
         let spin = proc.0.config.busy_poll;
         if !spin.is_zero() {
-            let until = std::time::Instant::now() + spin;
-            let mut filled = None;
-            'spin: while std::time::Instant::now() < until {
-                tokio::task::yield_now().await;
-                // A few reads between yields: a yield passes through the
-                // runtime's I/O driver, which costs more than a read.
-                for _ in 0..SPIN_READS {
-                    filled = reader.try_fill(&rd)?;
-                    if filled.is_some() {
-                        break 'spin;
-                    }
+            let mut filled;
+            let started = std::time::Instant::now();
+            let mut yielded = started;
+            tokio::task::yield_now().await;
+            loop {
+                filled = reader.fill_now(&rd)?;
+                let now = std::time::Instant::now();
+                if filled.is_some() || now - started >= spin {
+                    break;
+                }
+                if now - yielded >= SPIN_SLICE {
+                    tokio::task::yield_now().await;
+                    yielded = now;
+                } else {
+                    std::hint::spin_loop();
                 }
             }
             match filled {

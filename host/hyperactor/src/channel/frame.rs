@@ -234,9 +234,9 @@ impl FrameReader {
     }
 
     /// Like [`FrameReader::fill`] without waiting: `Ok(None)` when no bytes
-    /// are there yet.
-    pub(crate) fn try_fill(&mut self, rd: &ReadHalf) -> Result<Option<bool>, FrameError> {
-        match rd.try_read(self.spare()) {
+    /// are there yet. See [`ReadHalf::recv_now`].
+    pub(crate) fn fill_now(&mut self, rd: &ReadHalf) -> Result<Option<bool>, FrameError> {
+        match rd.recv_now(self.spare()) {
             Ok(n) => self.filled(n).map(Some),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
             Err(e) => Err(e.into()),

@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::sync::LazyLock;
 use std::task::{Context, Poll};
@@ -161,11 +162,23 @@ pub(crate) enum ReadHalf {
 }
 
 impl ReadHalf {
-    /// Reads what is there without waiting; `WouldBlock` when nothing is.
-    pub(crate) fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            ReadHalf::Tcp(r) => r.try_read(buf),
-            ReadHalf::Unix(r) => r.try_read(buf),
+    /// Reads what the socket holds right now with one `recv` system call,
+    /// without asking the runtime's reactor first (which only learns of new
+    /// bytes when it next polls); `WouldBlock` when nothing is there. For
+    /// busy polling. Bytes read here are simply not there for the next
+    /// ordinary read, which the reactor handles like any spurious wakeup.
+    pub(crate) fn recv_now(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let fd = match self {
+            ReadHalf::Tcp(r) => r.as_ref().as_raw_fd(),
+            ReadHalf::Unix(r) => r.as_ref().as_raw_fd(),
+        };
+        // SAFETY: `buf` is valid for writes of `buf.len()` bytes, and `fd`
+        // stays open while `self` (which owns the socket's read half) lives.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
         }
     }
 }
