@@ -51,28 +51,91 @@ pub fn validate_name(name: &str) -> Result<(), IdParseError> {
     }
 }
 
-#[derive(
-    Debug,
-    Clone,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    rkyv::Archive,
-    rkyv::Serialize,
-    rkyv::Deserialize,
-)]
-struct ProcIdInner {
-    addr: ChannelAddr,
-    name: String,
+/// The fields of the ids, public only inside this private module so that
+/// their archived forms can be the ids' own.
+mod repr {
+    use super::ProcId;
+    use crate::channel::ChannelAddr;
+
+    #[derive(
+        Debug,
+        Clone,
+        PartialEq,
+        Eq,
+        Hash,
+        PartialOrd,
+        Ord,
+        rkyv::Archive,
+        rkyv::Serialize,
+        rkyv::Deserialize,
+    )]
+    pub struct ProcIdInner {
+        pub addr: ChannelAddr,
+        pub name: String,
+    }
+
+    #[derive(
+        Debug,
+        Clone,
+        PartialEq,
+        Eq,
+        Hash,
+        PartialOrd,
+        Ord,
+        rkyv::Archive,
+        rkyv::Serialize,
+        rkyv::Deserialize,
+    )]
+    pub struct ActorIdInner {
+        pub proc: ProcId,
+        pub name: String,
+        pub rank: u32,
+    }
 }
 
+use repr::{
+    ActorIdInner, ActorIdInnerResolver, ArchivedActorIdInner, ArchivedProcIdInner, ProcIdInner,
+    ProcIdInnerResolver,
+};
+
 /// The identity of a proc: the address it serves on and its name.
-#[derive(
-    Clone, PartialEq, Eq, Hash, PartialOrd, Ord, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
-)]
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ProcId(Arc<ProcIdInner>);
+
+// Ids are archived inline, not as shared pointers: validating and decoding
+// shared pointers keeps a table of them for every message, which costs
+// more than the few bytes sharing would save.
+impl rkyv::Archive for ProcId {
+    type Archived = ArchivedProcId;
+    type Resolver = ProcIdInnerResolver;
+
+    fn resolve(&self, resolver: Self::Resolver, out: rkyv::Place<Self::Archived>) {
+        <ProcIdInner as rkyv::Archive>::resolve(&self.0, resolver, out);
+    }
+}
+
+impl<S: rkyv::rancor::Fallible + ?Sized> rkyv::Serialize<S> for ProcId
+where
+    ProcIdInner: rkyv::Serialize<S>,
+{
+    fn serialize(&self, serializer: &mut S) -> Result<Self::Resolver, S::Error> {
+        <ProcIdInner as rkyv::Serialize<S>>::serialize(&self.0, serializer)
+    }
+}
+
+impl<D: rkyv::rancor::Fallible + ?Sized> rkyv::Deserialize<ProcId, D> for ArchivedProcId
+where
+    ArchivedProcId: rkyv::Deserialize<ProcIdInner, D>,
+{
+    fn deserialize(&self, deserializer: &mut D) -> Result<ProcId, D::Error> {
+        let inner =
+            <ArchivedProcId as rkyv::Deserialize<ProcIdInner, D>>::deserialize(self, deserializer)?;
+        Ok(ProcId(Arc::new(inner)))
+    }
+}
+
+/// The archived form of a [`ProcId`].
+pub(crate) type ArchivedProcId = ArchivedProcIdInner;
 
 impl ProcId {
     /// A proc id from an address and a name. Fails on an invalid name.
@@ -110,8 +173,7 @@ impl ProcId {
 
     /// Whether an archived proc id names this proc, without decoding it.
     pub(crate) fn matches_archived(&self, archived: &ArchivedProcId) -> bool {
-        let inner = archived.0.get();
-        inner.name == self.0.name.as_str() && self.0.addr.matches_archived(&inner.addr)
+        archived.name == self.0.name.as_str() && self.0.addr.matches_archived(&archived.addr)
     }
 }
 
@@ -138,29 +200,32 @@ impl FromStr for ProcId {
     }
 }
 
-#[derive(
-    Debug,
-    Clone,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    rkyv::Archive,
-    rkyv::Serialize,
-    rkyv::Deserialize,
-)]
-struct ActorIdInner {
-    proc: ProcId,
-    name: String,
-    rank: u32,
-}
-
 /// The identity of an actor: its proc, its name and its rank.
 ///
 /// Actors of one mesh share a name and differ by rank; a lone actor has rank 0.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, rkyv::Archive, rkyv::Serialize)]
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ActorId(Arc<ActorIdInner>);
+
+impl rkyv::Archive for ActorId {
+    type Archived = ArchivedActorId;
+    type Resolver = ActorIdInnerResolver;
+
+    fn resolve(&self, resolver: Self::Resolver, out: rkyv::Place<Self::Archived>) {
+        <ActorIdInner as rkyv::Archive>::resolve(&self.0, resolver, out);
+    }
+}
+
+impl<S: rkyv::rancor::Fallible + ?Sized> rkyv::Serialize<S> for ActorId
+where
+    ActorIdInner: rkyv::Serialize<S>,
+{
+    fn serialize(&self, serializer: &mut S) -> Result<Self::Resolver, S::Error> {
+        <ActorIdInner as rkyv::Serialize<S>>::serialize(&self.0, serializer)
+    }
+}
+
+/// The archived form of an [`ActorId`].
+pub(crate) type ArchivedActorId = ArchivedActorIdInner;
 
 /// Actor ids decoded lately on this thread. A stream of messages carries the
 /// same few ids (a caller's reply port, say) again and again; handing out
@@ -178,7 +243,7 @@ thread_local! {
 impl<D> rkyv::Deserialize<ActorId, D> for ArchivedActorId
 where
     D: rkyv::rancor::Fallible + ?Sized,
-    ArchivedActorIdInner: rkyv::Deserialize<ActorIdInner, D>,
+    ArchivedActorId: rkyv::Deserialize<ActorIdInner, D>,
 {
     fn deserialize(&self, deserializer: &mut D) -> Result<ActorId, D::Error> {
         let known = RECENT_ACTOR_IDS.with_borrow(|recent| {
@@ -192,7 +257,11 @@ where
         if let Some(id) = known {
             return Ok(id);
         }
-        let id = ActorId(Arc::new(self.0.get().deserialize(deserializer)?));
+        let inner = <ArchivedActorId as rkyv::Deserialize<ActorIdInner, D>>::deserialize(
+            self,
+            deserializer,
+        )?;
+        let id = ActorId(Arc::new(inner));
         RECENT_ACTOR_IDS.with_borrow_mut(|recent| {
             let slot = recent.next;
             recent.ids[slot] = Some(id.clone());
@@ -228,10 +297,9 @@ impl ActorId {
 
     /// Whether an archived actor id names this actor, without decoding it.
     pub(crate) fn matches_archived(&self, archived: &ArchivedActorId) -> bool {
-        let inner = archived.0.get();
-        inner.rank.to_native() == self.0.rank
-            && inner.name == self.0.name.as_str()
-            && self.0.proc.matches_archived(&inner.proc)
+        archived.rank.to_native() == self.0.rank
+            && archived.name == self.0.name.as_str()
+            && self.0.proc.matches_archived(&archived.proc)
     }
 }
 
