@@ -44,6 +44,8 @@ use crate::message::{
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a busy-polling connection holds its worker between yields.
 const SPIN_SLICE: Duration = Duration::from_micros(5);
+/// CPU pauses between two reads of a busy-polling connection.
+const SPIN_PAUSES: usize = 10;
 
 /// Settings of a proc. Every field has a default that suits one machine.
 #[derive(Debug, Clone)]
@@ -715,7 +717,9 @@ async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
                     tokio::task::yield_now().await;
                     yielded = now;
                 } else {
-                    std::hint::spin_loop();
+                    for _ in 0..SPIN_PAUSES {
+                        std::hint::spin_loop();
+                    }
                 }
             }
             match filled {
