@@ -5,9 +5,7 @@
 //! [`EchoActor`]s, `echo[0]` and `echo[1]`, prints `READY <proc id>` on
 //! stdout, and exits when its stdin closes, so it never outlives the test.
 
-use hyperactor::testing::EchoActor;
-use hyperactor::{ChannelAddr, Proc};
-use tokio::io::AsyncReadExt;
+use hyperactor::ChannelAddr;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
@@ -21,12 +19,8 @@ async fn main() -> anyhow::Result<()> {
             anyhow::anyhow!("usage: proc-worker ADDR (local:NAME, unix:PATH or tcp:IP:PORT)")
         })?
         .parse()?;
-    let proc = Proc::serve("worker", addr).await?;
-    proc.spawn("echo", 0, EchoActor::default())?;
-    proc.spawn("echo", 1, EchoActor::default())?;
+    let proc = hyperactor::testing::serve_echo_worker(addr).await?;
     println!("READY {}", proc.id());
-    let mut stdin = tokio::io::stdin();
-    let mut sink = [0u8; 64];
-    while stdin.read(&mut sink).await? > 0 {}
+    hyperactor::testing::stdin_closed().await?;
     Ok(())
 }

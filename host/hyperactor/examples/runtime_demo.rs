@@ -20,7 +20,7 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use hyperactor::testing::{Echo, EchoActor, Numbered, Panic, Sleep, StreamReport};
 use hyperactor::{ActorRef, CallError, ChannelAddr, Proc, ProcConfig, ProcId};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
@@ -47,13 +47,9 @@ async fn main() -> anyhow::Result<()> {
 async fn worker(addr: ChannelAddr) -> anyhow::Result<()> {
     // The panic in step 4 is on purpose: one line, not a backtrace.
     std::panic::set_hook(Box::new(|info| eprintln!("worker: {info}")));
-    let proc = Proc::serve("worker", addr).await?;
-    proc.spawn("echo", 0, EchoActor::default())?;
-    proc.spawn("echo", 1, EchoActor::default())?;
+    let proc = hyperactor::testing::serve_echo_worker(addr).await?;
     println!("READY {}", proc.id());
-    let mut stdin = tokio::io::stdin();
-    let mut sink = [0u8; 64];
-    while stdin.read(&mut sink).await? > 0 {}
+    hyperactor::testing::stdin_closed().await?;
     Ok(())
 }
 

@@ -139,3 +139,23 @@ impl Handler<Sleep> for EchoActor {
         Ok(())
     }
 }
+
+/// Serves the peer that tests and demos drive from another process: a proc
+/// named `worker` on `addr` with two [`EchoActor`]s, `echo[0]` and `echo[1]`.
+pub async fn serve_echo_worker(addr: crate::ChannelAddr) -> Result<crate::Proc, crate::ProcError> {
+    let proc = crate::Proc::serve("worker", addr).await?;
+    proc.spawn("echo", 0, EchoActor::default())?;
+    proc.spawn("echo", 1, EchoActor::default())?;
+    Ok(proc)
+}
+
+/// Returns when this process's stdin reaches its end, which is when the
+/// parent that holds its other end exits or closes it: a worker that waits
+/// for this never outlives the test or demo that started it.
+pub async fn stdin_closed() -> std::io::Result<()> {
+    use tokio::io::AsyncReadExt;
+    let mut stdin = tokio::io::stdin();
+    let mut sink = [0u8; 64];
+    while stdin.read(&mut sink).await? > 0 {}
+    Ok(())
+}
