@@ -1098,3 +1098,91 @@ mod tests {
         assert_eq!(b.stats().duplicates_dropped.load(Ordering::Relaxed), 3);
     }
 }
+
+#[cfg(test)]
+mod tracing_tests {
+    use std::sync::{Arc, Mutex};
+
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id};
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::{Context, SubscriberExt};
+
+    use crate::Proc;
+    use crate::testing::{Echo, EchoActor};
+
+    /// Records each new span as `name field=value ...`.
+    #[derive(Clone, Default)]
+    struct Spans(Arc<Mutex<Vec<String>>>);
+
+    struct Fields(String);
+
+    impl Visit for Fields {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            self.0.push_str(&format!(" {}={:?}", field.name(), value));
+        }
+    }
+
+    impl<S: tracing::Subscriber> Layer<S> for Spans {
+        fn on_new_span(&self, attrs: &Attributes<'_>, _: &Id, _: Context<'_, S>) {
+            let mut fields = Fields(attrs.metadata().name().to_string());
+            attrs.record(&mut fields);
+            if let Ok(mut spans) = self.0.lock() {
+                spans.push(fields.0);
+            }
+        }
+    }
+
+    #[test]
+    fn send_deliver_and_handle_have_spans_with_actor_ids() {
+        let spans = Spans::default();
+        let subscriber = tracing_subscriber::registry()
+            .with(spans.clone())
+            .with(tracing_subscriber::filter::LevelFilter::TRACE);
+        tracing::subscriber::with_default(subscriber, || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let proc = Proc::serve("traced", "local:tracing-test".parse().unwrap())
+                    .await
+                    .unwrap();
+                let echo = proc.spawn("echo", 0, EchoActor::default()).unwrap().bind();
+                let (client, _) = proc.attach("client").unwrap();
+                echo.call(&client, |reply| Echo {
+                    payload: vec![1],
+                    reply,
+                })
+                .await
+                .unwrap();
+            });
+        });
+        let spans = spans.0.lock().unwrap().clone();
+        let find = |prefix: &str, needle: &str| {
+            spans
+                .iter()
+                .any(|span| span.starts_with(prefix) && span.contains(needle))
+        };
+        assert!(
+            find("send", "from=local:tracing-test,traced,client[0]"),
+            "{spans:#?}"
+        );
+        assert!(
+            find("send", "to=local:tracing-test,traced,echo[0]"),
+            "{spans:#?}"
+        );
+        assert!(
+            find("deliver", "actor=local:tracing-test,traced,echo[0]"),
+            "{spans:#?}"
+        );
+        assert!(
+            find("handle", "actor=local:tracing-test,traced,echo[0]"),
+            "{spans:#?}"
+        );
+        assert!(
+            find("handle", "message=hyperactor::testing::Echo"),
+            "{spans:#?}"
+        );
+    }
+}
