@@ -125,9 +125,11 @@ fn header(len: u32, kind: u8, seq: u64) -> Vec<u8> {
     h
 }
 
+/// A hello frame; bodies are padded to a multiple of 16 bytes.
 fn hello(session: u64) -> Vec<u8> {
     let mut frame = header(8, 1, session);
     frame.extend_from_slice(b"attacker");
+    frame.extend_from_slice(&[0u8; 8]);
     frame
 }
 

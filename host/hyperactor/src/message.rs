@@ -3,9 +3,9 @@
 //! A message is any Rust value that rkyv can archive: derive
 //! `rkyv::Archive, rkyv::Serialize, rkyv::Deserialize` and it is a
 //! [`RemoteMessage`]. Inside one proc a message is handed over as the value
-//! itself, never encoded; between procs it travels as an archive inside an
-//! [`Envelope`], and the receiving proc validates the archive before it
-//! decodes it.
+//! itself, never encoded; between procs it travels as an archive in the
+//! frame, beside the [`Envelope`] that addresses it, and the receiving port
+//! validates the archive before it decodes it.
 //!
 //! An actor's handler for message type `M` listens on a port numbered from
 //! `M`'s Rust type name (see [`handler_port`]), so every proc of a job must be
@@ -27,8 +27,6 @@ use crate::id::{ActorId, PortId};
 /// Implemented for every type that derives rkyv's `Archive`, `Serialize` and
 /// `Deserialize` (with the default validation) and is `Send + 'static`.
 pub trait RemoteMessage: Send + Sized + 'static {
-    /// Archives the message.
-    fn encode(&self) -> Result<AlignedVec, rancor::Error>;
     /// Archives the message at the end of `buf` (which keeps its alignment).
     fn encode_into(&self, buf: AlignedVec) -> Result<AlignedVec, rancor::Error>;
     /// Validates an archive and decodes it.
@@ -42,17 +40,13 @@ where
     T::Archived: for<'a> CheckBytes<HighValidator<'a, rancor::Error>>
         + rkyv::Deserialize<T, HighDeserializer<rancor::Error>>,
 {
-    fn encode(&self) -> Result<AlignedVec, rancor::Error> {
-        rkyv::to_bytes::<rancor::Error>(self)
-    }
-
     fn encode_into(&self, buf: AlignedVec) -> Result<AlignedVec, rancor::Error> {
         rkyv::api::high::to_bytes_in::<_, rancor::Error>(self, buf)
     }
 
     fn decode(bytes: &[u8]) -> Result<Self, rancor::Error> {
-        // Archives are validated in place when aligned; the payload of an
-        // envelope is a byte vector inside another archive, so it may not be.
+        // Archives are validated in place when aligned, as they are in frames
+        // read from a channel; other bytes are copied to an aligned buffer.
         if (bytes.as_ptr() as usize).is_multiple_of(16) {
             rkyv::from_bytes::<T, rancor::Error>(bytes)
         } else {
@@ -147,7 +141,7 @@ mod tests {
             text: "hello".into(),
             values: vec![1, 2, 3],
         };
-        let bytes = sample.encode().unwrap();
+        let bytes = sample.encode_into(AlignedVec::new()).unwrap();
         let mut shifted = vec![0u8; bytes.len() + 1];
         shifted[1..].copy_from_slice(&bytes);
         assert_eq!(Sample::decode(&shifted[1..]).unwrap(), sample);

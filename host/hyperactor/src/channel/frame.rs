@@ -1,7 +1,7 @@
 //! Length-prefixed frames.
 //!
 //! Every frame starts with a 16-byte header, then `len` body bytes, then zero
-//! padding up to a multiple of 8, so that every body starts 8-byte aligned in
+//! padding up to a multiple of 16, so that every body starts 16-byte aligned in
 //! the reader's buffer and an rkyv archive can be validated in place:
 //!
 //! | bytes | field |
@@ -86,8 +86,11 @@ pub(crate) struct FrameHeader {
     pub(crate) seq: u64,
 }
 
+/// Frames take whole multiples of this many bytes in the stream.
+const FRAME_ALIGN: usize = 16;
+
 fn padded(len: usize) -> usize {
-    len.div_ceil(8) * 8
+    len.div_ceil(FRAME_ALIGN) * FRAME_ALIGN
 }
 
 /// Writes a header into the first 16 bytes of `frame`.
@@ -214,7 +217,7 @@ impl FrameReader {
     }
 
     /// Moves unread bytes to the front. Frames are multiples of 8 long, so
-    /// `start` is a multiple of 8 and bodies keep their alignment.
+    /// `start` is a multiple of 16 and bodies keep their alignment.
     fn compact(&mut self) {
         if self.start > 0 {
             self.buf.as_mut_slice().copy_within(self.start..self.end, 0);
