@@ -389,6 +389,19 @@ impl<A: Actor> ActorHandle<A> {
         }
     }
 
+    /// Waits until the actor has finished `init` (or ended without it), and
+    /// returns its status then.
+    pub async fn started(&self) -> ActorStatus {
+        let mut status = self.cell.status.subscribe();
+        match status
+            .wait_for(|status| !matches!(status, ActorStatus::Created))
+            .await
+        {
+            Ok(status) => status.clone(),
+            Err(_) => self.status(),
+        }
+    }
+
     /// Waits until the actor has stopped or failed, and says which.
     pub async fn join(&self) -> ActorStatus {
         let mut status = self.cell.status.subscribe();

@@ -1,0 +1,22 @@
+//! Rust bindings of the WIT world `monarch:host/program`.
+//!
+//! Imports are async (the controller waits for events without blocking a
+//! thread) and trappable (a host-side failure, such as a full resource
+//! table, traps the guest instead of being invented as a value).
+
+wasmtime::component::bindgen!({
+    path: "../../wit",
+    world: "program",
+    imports: { default: async | trappable },
+    exports: { default: async },
+    additional_derives: [PartialEq],
+    with: {
+        "monarch:host/mesh.proc-mesh": crate::mesh::ProcMeshHandle,
+        "monarch:host/mesh.actor-mesh": crate::mesh::ActorMeshHandle,
+    },
+});
+
+pub use monarch::host::types::{
+    CallError, Dim, Event, EventKind, Reducer, Reply, Selector, SliceDim, SupervisionFailure,
+    ValueMesh,
+};

@@ -1,0 +1,251 @@
+//! One wasmtime engine, and loading programs into it.
+//!
+//! Loading checks the bytes before compiling them, so that a wrong file
+//! gets an error that says what it is: not WebAssembly, a core module
+//! instead of a component. Compiled components are cached on disk by the
+//! sha256 of their bytes and the engine's compatibility hash, so a program
+//! is compiled once per machine and engine build.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::Component;
+use wasmtime::{Config, Engine};
+
+/// How often the engine's epoch advances; a running guest yields at each
+/// tick, so no guest holds a host thread for longer.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// What the sandbox allows one program.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    /// Linear memory per instance, in bytes.
+    pub memory_bytes: usize,
+    /// Wall-clock time the whole run may take.
+    pub deadline: Duration,
+    /// How long a call waits for its replies unless the program sets another
+    /// timeout.
+    pub call_timeout: Duration,
+    /// The most procs the program may spawn.
+    pub max_procs: usize,
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Sandbox {
+            memory_bytes: 256 << 20,
+            deadline: Duration::from_secs(300),
+            call_timeout: Duration::from_secs(60),
+            max_procs: 64,
+        }
+    }
+}
+
+/// Why a program could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The system's reason.
+        source: std::io::Error,
+    },
+    /// The bytes are not WebAssembly at all.
+    #[error(
+        "{path} is not a WebAssembly file (it does not start with \\0asm); build the program with `cargo build --release --target wasm32-wasip2`"
+    )]
+    NotWasm {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A core module, not a component.
+    #[error(
+        "{path} is a core WebAssembly module, not a component; build it for the wasm32-wasip2 target, which makes components"
+    )]
+    CoreModule {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The component does not compile.
+    #[error("{path} does not compile: {reason}")]
+    Compile {
+        /// The file.
+        path: PathBuf,
+        /// wasmtime's reason.
+        reason: String,
+    },
+}
+
+/// A compiled program.
+pub struct Loaded {
+    /// The compiled component.
+    pub component: Component,
+    /// The sha256 of its bytes, hex.
+    pub sha256: String,
+    /// Whether it came from the cache.
+    pub cached: bool,
+}
+
+/// The engine every program and actor of this host runs on.
+pub fn new_engine() -> wasmtime::Result<Engine> {
+    let mut config = Config::new();
+    config.wasm_component_model(true);
+    config.epoch_interruption(true);
+    Engine::new(&config)
+}
+
+/// Advances the engine's epoch every [`EPOCH_TICK`] on a thread of its own,
+/// for as long as the engine lives.
+pub fn start_epoch_ticker(engine: &Engine) {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("monarch-epoch".into())
+        .spawn(move || {
+            while let Some(engine) = weak.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                std::thread::sleep(EPOCH_TICK);
+            }
+        })
+        .ok();
+}
+
+/// Where compiled components are kept: `$MONARCH_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/monarch-host`, else `~/.cache/monarch-host`.
+pub fn cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("MONARCH_CACHE_DIR") {
+        return Some(PathBuf::from(dir));
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(dir).join("monarch-host"));
+    }
+    std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/monarch-host"))
+}
+
+/// Reads, checks and compiles the program at `path`, through the cache.
+pub fn load(engine: &Engine, path: &Path) -> Result<Loaded, LoadError> {
+    let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    load_bytes(engine, path, &bytes)
+}
+
+/// Checks and compiles `bytes` (named `path` in errors), through the cache.
+pub fn load_bytes(engine: &Engine, path: &Path, bytes: &[u8]) -> Result<Loaded, LoadError> {
+    check_header(path, bytes)?;
+    let sha256 = hex(&Sha256::digest(bytes));
+    let cache_file = cache_dir().map(|dir| {
+        let mut key = Sha256::new();
+        key.update(sha256.as_bytes());
+        std::hash::Hash::hash(
+            &engine.precompile_compatibility_hash(),
+            &mut HashWriter(&mut key),
+        );
+        dir.join(format!("{}.cwasm", hex(&key.finalize())))
+    });
+    if let Some(file) = &cache_file
+        && file.exists()
+    {
+        // SAFETY: the cache holds only what `Component::serialize` of this
+        // host wrote, keyed by the engine's compatibility hash; a file that
+        // does not deserialize is compiled again and overwritten.
+        match unsafe { Component::deserialize_file(engine, file) } {
+            Ok(component) => {
+                return Ok(Loaded {
+                    component,
+                    sha256,
+                    cached: true,
+                });
+            }
+            Err(e) => {
+                tracing::warn!(file = %file.display(), error = %e, "cached component unusable; compiling again")
+            }
+        }
+    }
+    let component = Component::new(engine, bytes).map_err(|e| LoadError::Compile {
+        path: path.to_path_buf(),
+        reason: format!("{e:#}"),
+    })?;
+    if let Some(file) = &cache_file {
+        store_in_cache(&component, file);
+    }
+    Ok(Loaded {
+        component,
+        sha256,
+        cached: false,
+    })
+}
+
+fn check_header(path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
+    if bytes.len() < 8 || &bytes[0..4] != b"\0asm" {
+        return Err(LoadError::NotWasm {
+            path: path.to_path_buf(),
+        });
+    }
+    // Core modules are version 1, layer 0; components carry layer 1.
+    if bytes[6..8] == [0, 0] {
+        return Err(LoadError::CoreModule {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
+fn store_in_cache(component: &Component, file: &Path) {
+    let written = component
+        .serialize()
+        .map_err(|e| e.to_string())
+        .and_then(|bytes| {
+            let dir = file.parent().ok_or("no cache directory")?;
+            std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+            let partial = file.with_extension(format!("partial-{}", std::process::id()));
+            std::fs::write(&partial, bytes).map_err(|e| e.to_string())?;
+            std::fs::rename(&partial, file).map_err(|e| e.to_string())
+        });
+    if let Err(e) = written {
+        tracing::warn!(file = %file.display(), error = %e, "could not cache the compiled component");
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+struct HashWriter<'a>(&'a mut Sha256);
+
+impl std::hash::Hasher for HashWriter<'_> {
+    fn finish(&self) -> u64 {
+        0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn garbage_and_core_modules_are_refused_by_name() {
+        let engine = new_engine().unwrap();
+        let path = Path::new("app.wasm");
+        assert!(matches!(
+            load_bytes(&engine, path, b"hello, world").err(),
+            Some(LoadError::NotWasm { .. })
+        ));
+        assert!(matches!(
+            load_bytes(&engine, path, b"").err(),
+            Some(LoadError::NotWasm { .. })
+        ));
+        let core = b"\0asm\x01\0\0\0";
+        let err = load_bytes(&engine, path, core).err().unwrap();
+        assert!(matches!(err, LoadError::CoreModule { .. }));
+        assert!(err.to_string().contains("wasm32-wasip2"), "{err}");
+    }
+}

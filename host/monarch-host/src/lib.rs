@@ -1,0 +1,32 @@
+//! monarch-host: runs a sandboxed WebAssembly controller program, and the
+//! actor classes it defines, on the hyperactor runtime.
+//!
+//! A *program* is one component built against the WIT world
+//! `monarch:host/program` (`wit/monarch.wit`). The host:
+//!
+//! 1. loads it ([`engine`]): refuses what is not a component, compiles it
+//!    once and caches the compiled form by the component's sha256 and the
+//!    engine's compatibility hash;
+//! 2. instantiates it as the controller and calls its `run` export
+//!    ([`run_program`]), on one task that owns the controller's store;
+//! 3. answers the controller's `mesh` imports ([`host`]): procs are
+//!    hyperactor procs in this process, and every actor of a mesh is its own
+//!    instance of the same component, inside a hyperactor actor
+//!    ([`wasm_actor`]); calls become hyperactor calls whose replies arrive as
+//!    events in the caller's event queue.
+//!
+//! The sandbox grants nothing the operator did not: no preopened
+//! directories, no environment, no sockets; a memory cap per instance; and
+//! an epoch deadline that makes a spinning guest yield and, past its wall
+//! clock deadline, trap.
+
+pub mod bindings;
+pub mod engine;
+pub mod host;
+pub mod mesh;
+pub mod wasm_actor;
+
+mod run;
+
+pub use engine::{LoadError, Loaded, Sandbox};
+pub use run::{RunError, run_program};
