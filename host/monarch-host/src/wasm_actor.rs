@@ -80,7 +80,10 @@ impl Actor for WasmActor {
             .monarch_host_actor_class()
             .call_create(&mut store, &self.class, &self.init, self.rank, &self.extent)
             .await
-            .map_err(|trap| anyhow!("`create` trapped: {trap:?}"))?;
+            .map_err(|trap| {
+                tracing::warn!(actor = %cx.actor_id(), "trap in create: {trap:?}");
+                anyhow!("`create` trapped: {}", trap_reason(&trap))
+            })?;
         created.map_err(|error| anyhow!("`create` of class `{}` failed: {error}", self.class))?;
         self.instance = Some((store, program));
         Ok(())
@@ -103,8 +106,29 @@ impl Handler<WasmCall> for WasmActor {
                 Ok(())
             }
             // A trap is fatal: hyperactor fails the actor and every caller
-            // waiting on it, this one included, with the trap's text.
-            Err(trap) => Err(anyhow!("trapped in `{}`: {trap:?}", call.endpoint)),
+            // waiting on it, this one included. Callers get the trap's
+            // reason; the Wasm backtrace goes to the host's log.
+            Err(trap) => {
+                tracing::warn!(actor = %cx.actor_id(), endpoint = %call.endpoint, "trap: {trap:?}");
+                Err(anyhow!(
+                    "trapped in `{}`: {}",
+                    call.endpoint,
+                    trap_reason(&trap)
+                ))
+            }
         }
+    }
+}
+
+/// The reason of a trap without its backtrace: "wasm `unreachable`
+/// instruction executed", "out of bounds memory access"...
+pub(crate) fn trap_reason(error: &wasmtime::Error) -> String {
+    match error.downcast_ref::<wasmtime::Trap>() {
+        Some(trap) => trap.to_string(),
+        None => format!("{error:#}")
+            .lines()
+            .next()
+            .unwrap_or("unknown error")
+            .to_string(),
     }
 }

@@ -1,0 +1,136 @@
+//! counter: errors are values. Three `Counter` actors; the controller
+//!
+//! 1. adds to all of them,
+//! 2. sends one a negative amount, which its endpoint refuses: an endpoint
+//!    error, and the actor lives on,
+//! 3. makes another panic: its instance traps, the actor fails, and the
+//!    call ends with a supervision error,
+//! 4. carries on: the other counters still answer, a call to the whole
+//!    mesh names the failed rank, and a new mesh on the same procs works.
+
+use monarch_guest::prelude::*;
+use monarch_guest::take_failures;
+use serde::{Deserialize, Serialize};
+
+/// `add`: adds a non-negative amount; replies with the new total.
+#[derive(Serialize, Deserialize)]
+struct Add(i64);
+
+impl Message for Add {
+    const ENDPOINT: &'static str = "add";
+    type Reply = i64;
+}
+
+/// `get`: replies with the total.
+#[derive(Serialize, Deserialize)]
+struct Get;
+
+impl Message for Get {
+    const ENDPOINT: &'static str = "get";
+    type Reply = i64;
+}
+
+/// `crash`: panics, which traps the actor's instance.
+#[derive(Serialize, Deserialize)]
+struct Crash;
+
+impl Message for Crash {
+    const ENDPOINT: &'static str = "crash";
+    type Reply = ();
+}
+
+struct Counter {
+    total: i64,
+}
+
+impl Actor for Counter {
+    const CLASS: &'static str = "Counter";
+    type Init = i64;
+
+    fn create(start: i64, _cx: &Context) -> Result<Self, String> {
+        Ok(Counter { total: start })
+    }
+
+    fn endpoints(endpoints: &mut Endpoints<Self>) {
+        endpoints.handle::<Add>().handle::<Get>().handle::<Crash>();
+    }
+}
+
+impl Handler<Add> for Counter {
+    async fn handle(&mut self, _cx: &Context, Add(amount): Add) -> Result<i64, String> {
+        if amount < 0 {
+            return Err(format!("cannot add {amount}: counters only count up"));
+        }
+        self.total += amount;
+        Ok(self.total)
+    }
+}
+
+impl Handler<Get> for Counter {
+    async fn handle(&mut self, _cx: &Context, _: Get) -> Result<i64, String> {
+        Ok(self.total)
+    }
+}
+
+impl Handler<Crash> for Counter {
+    async fn handle(&mut self, cx: &Context, _: Crash) -> Result<(), String> {
+        panic!("counter {} was asked to crash", cx.rank());
+    }
+}
+
+async fn main(_args: Vec<String>) -> Result<(), String> {
+    let procs = spawn_procs(&extent!(procs = 3))?;
+    let counters = procs.spawn::<Counter>("counters", &0)?;
+
+    info!("step 1: add 5 to every counter");
+    for (rank, total) in counters.call(&Add(5)).await?.iter() {
+        info!("  counter {rank}: {total}");
+    }
+
+    info!("step 2: add -1 to counter 1");
+    match counters.at("procs", 1)?.call_one(&Add(-1)).await {
+        Err(CallError::Endpoint { message, .. }) => info!("  endpoint error: {message}"),
+        other => return Err(format!("expected an endpoint error, got {other:?}")),
+    }
+    let total = counters.at("procs", 1)?.call_one(&Get).await?;
+    info!("  counter 1 lives on, still at {total}");
+
+    info!("step 3: crash counter 2");
+    match counters.at("procs", 2)?.call_one(&Crash).await {
+        Err(CallError::Supervision(failure)) => info!("  supervision error: {failure}"),
+        other => return Err(format!("expected a supervision error, got {other:?}")),
+    }
+
+    info!("step 4: carry on");
+    let total = counters.at("procs", 0)?.call_one(&Add(10)).await?;
+    info!("  counter 0 still counts: {total}");
+    match counters.call(&Get).await {
+        Err(err) => info!("  a call to the whole mesh fails: {err}"),
+        Ok(totals) => info!("  a call to the whole mesh answered: {:?}", totals.values()),
+    }
+    // A stream reports each rank on its own; sort by rank for a stable printout.
+    let mut replies: Vec<_> = counters.stream(&Get).collect().await;
+    replies.sort_by_key(|(rank, _)| *rank);
+    for (rank, reply) in replies {
+        match reply {
+            Ok(total) => info!("  stream: counter {rank} at {total}"),
+            Err(err) => info!("  stream: counter {rank}: {err}"),
+        }
+    }
+    let fresh = procs.spawn::<Counter>("fresh-counters", &100)?;
+    info!(
+        "  a new mesh on the same procs sums to {}",
+        fresh.sum_i64(&Get).await?
+    );
+
+    for failure in take_failures() {
+        info!("  failure reported to the controller: {failure}");
+    }
+    procs.stop();
+    Ok(())
+}
+
+monarch_guest::program! {
+    main: main,
+    actors: [Counter],
+}

@@ -1,0 +1,79 @@
+//! hello: spawns four procs, a `Greeter` on each, calls `greet` on all of
+//! them and prints the value mesh of greetings, one line per rank:
+//!
+//! ```text
+//! 4 greetings from a mesh shaped hosts=1, gpus=4:
+//! rank 0: hello from rank 0 of 4
+//! ...
+//! ```
+//!
+//! Run with an argument to pick the number of procs: `hello 8`.
+
+use monarch_guest::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// `greet`: replies with a greeting that names the actor's rank.
+#[derive(Serialize, Deserialize)]
+struct Greet;
+
+impl Message for Greet {
+    const ENDPOINT: &'static str = "greet";
+    type Reply = String;
+}
+
+/// Knows where it stands in its mesh, and says so.
+struct Greeter {
+    rank: u32,
+    size: usize,
+}
+
+impl Actor for Greeter {
+    const CLASS: &'static str = "Greeter";
+    type Init = ();
+
+    fn create((): (), cx: &Context) -> Result<Self, String> {
+        Ok(Greeter {
+            rank: cx.rank(),
+            size: cx.extent().num_ranks(),
+        })
+    }
+
+    fn endpoints(endpoints: &mut Endpoints<Self>) {
+        endpoints.handle::<Greet>();
+    }
+}
+
+impl Handler<Greet> for Greeter {
+    async fn handle(&mut self, _cx: &Context, _: Greet) -> Result<String, String> {
+        Ok(format!("hello from rank {} of {}", self.rank, self.size))
+    }
+}
+
+async fn main(args: Vec<String>) -> Result<(), String> {
+    let gpus = match args.first() {
+        None => 4,
+        Some(n) => n
+            .parse()
+            .map_err(|_| format!("usage: hello [PROCS]; `{n}` is not a number of procs"))?,
+    };
+    let procs = spawn_procs(&extent!(hosts = 1, gpus = gpus))?;
+    let greeters = procs.spawn::<Greeter>("greeters", &())?;
+
+    let greetings = greeters.call(&Greet).await?;
+    info!(
+        "{} greetings from a mesh shaped {}:",
+        greetings.len(),
+        greetings.extent()
+    );
+    for (rank, greeting) in greetings.iter() {
+        info!("rank {rank}: {greeting}");
+    }
+
+    procs.stop();
+    Ok(())
+}
+
+monarch_guest::program! {
+    main: main,
+    actors: [Greeter],
+}

@@ -1,0 +1,489 @@
+//! The executor: how futures of calls are driven by the host's event
+//! mailbox.
+//!
+//! The WIT is synchronous: `call`, `call-one`, `choose` and `stream` return a
+//! request id at once, and `next-events` hands over what happened since. The
+//! [`Reactor`] keeps one slot per request id in flight; [`block_on`] polls a
+//! future, and while it is pending fetches a batch of events and routes each
+//! one to its slot, waking the task that waits there. One `block_on` can
+//! therefore await thousands of calls at once, for example with
+//! [`futures::future::join_all`].
+//!
+//! Invariants (the tests below are named after them):
+//!
+//! - EX-1: every event reaches the slot of its request id, in arrival order,
+//!   whatever the order in which the ids were issued or are awaited.
+//! - EX-2: a request's slot is gone once its final event (`done`, or `end`
+//!   for a stream) has been taken, or once the future that owned it was
+//!   dropped; events for an id without a slot are dropped and counted.
+//! - EX-3: `failure` events (id 0) go to a queue of their own, read by
+//!   [`take_failures`] and [`next_failure`].
+//! - EX-4: a future that is pending while no request is waiting for the host
+//!   and nothing woke it can never finish: `block_on` panics with a message
+//!   instead of waiting forever.
+//! - EX-5: `block_on` may be nested (a handler that blocks inside an actor's
+//!   `handle`); events the inner loop fetches for the outer futures wake
+//!   them, and are not lost.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Wake, Waker};
+
+use crate::bindings::monarch::host::mesh as wit_mesh;
+use crate::bindings::monarch::host::types::{Event, EventKind};
+use crate::error::SupervisionFailure;
+
+/// A request, as the host numbers it.
+pub(crate) type RequestId = u64;
+
+/// The most events fetched with one `next-events`.
+const MAX_EVENTS: u32 = 1024;
+/// How long one `next-events` waits before `block_on` checks again (the
+/// host's call timeout bounds every request, so this only paces the loop).
+const WAIT_MS: u64 = 60_000;
+
+/// Where events come from: the host, or a script in tests.
+pub(crate) trait EventSource {
+    fn next_events(&mut self, max: u32, timeout_ms: u64) -> Vec<Event>;
+}
+
+/// The host's event mailbox.
+struct HostEvents;
+
+impl EventSource for HostEvents {
+    fn next_events(&mut self, max: u32, timeout_ms: u64) -> Vec<Event> {
+        wit_mesh::next_events(max, timeout_ms)
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    events: VecDeque<EventKind>,
+    waker: Option<Waker>,
+    /// The final event has arrived (it may not have been taken yet).
+    finished: bool,
+}
+
+/// The routing table from request ids to the futures that wait on them.
+#[derive(Default)]
+pub(crate) struct Reactor {
+    slots: BTreeMap<RequestId, Slot>,
+    failures: VecDeque<SupervisionFailure>,
+    failure_waiters: BTreeMap<u64, Waker>,
+    next_waiter: u64,
+    dropped: u64,
+}
+
+fn is_final(kind: &EventKind) -> bool {
+    matches!(kind, EventKind::Done(_) | EventKind::End)
+}
+
+impl Reactor {
+    /// Starts routing events for `id` (EX-1).
+    pub(crate) fn register(&mut self, id: RequestId) {
+        self.slots.entry(id).or_default();
+    }
+
+    /// Stops routing events for `id`; later ones are dropped (EX-2).
+    pub(crate) fn cancel(&mut self, id: RequestId) {
+        self.slots.remove(&id);
+    }
+
+    /// Routes one event, collecting the wakers to wake once the reactor is
+    /// no longer borrowed.
+    fn deliver(&mut self, event: Event, wake: &mut Vec<Waker>) {
+        if let EventKind::Failure(failure) = event.kind {
+            self.failures.push_back(failure.into());
+            wake.extend(std::mem::take(&mut self.failure_waiters).into_values());
+            return;
+        }
+        match self.slots.get_mut(&event.id) {
+            Some(slot) => {
+                slot.finished |= is_final(&event.kind);
+                slot.events.push_back(event.kind);
+                wake.extend(slot.waker.take());
+            }
+            None => self.dropped += 1,
+        }
+    }
+
+    /// Takes the next event for `id`, or leaves `waker` to be woken when one
+    /// comes. `Ready(None)` means the id has no slot.
+    pub(crate) fn poll_event(&mut self, id: RequestId, waker: &Waker) -> Poll<Option<EventKind>> {
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return Poll::Ready(None);
+        };
+        match slot.events.pop_front() {
+            Some(kind) => {
+                if is_final(&kind) {
+                    self.slots.remove(&id);
+                }
+                Poll::Ready(Some(kind))
+            }
+            None => {
+                slot.waker = Some(waker.clone());
+                Poll::Pending
+            }
+        }
+    }
+
+    /// How many waiters can still be woken by an event from the host: the
+    /// requests whose final event has not come, and any task waiting for a
+    /// failure (EX-4).
+    fn waiting_for_host(&self) -> usize {
+        self.slots.values().filter(|s| !s.finished).count() + self.failure_waiters.len()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn slots(&self) -> usize {
+        self.slots.len()
+    }
+}
+
+thread_local! {
+    static REACTOR: RefCell<Reactor> = RefCell::new(Reactor::default());
+}
+
+/// Runs `f` on this instance's reactor. Never call it from inside `f`.
+pub(crate) fn with_reactor<R>(f: impl FnOnce(&mut Reactor) -> R) -> R {
+    REACTOR.with_borrow_mut(f)
+}
+
+/// Like [`with_reactor`], but does nothing while the thread is being torn
+/// down (for `Drop` impls).
+pub(crate) fn try_with_reactor(f: impl FnOnce(&mut Reactor)) {
+    let _ = REACTOR.try_with(|r| {
+        if let Ok(mut r) = r.try_borrow_mut() {
+            f(&mut r);
+        }
+    });
+}
+
+/// Wakes `block_on` by raising a flag.
+#[derive(Default)]
+struct Flag(AtomicBool);
+
+impl Wake for Flag {
+    fn wake(self: Arc<Self>) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// Runs `future` to completion, waiting for host events while it is pending.
+///
+/// Use it for the controller's `main` (the [`program!`](crate::program!)
+/// macro does) and wherever synchronous code must wait for calls, such as an
+/// actor's [`create`](crate::Actor::create). Async handlers need not call
+/// it: the SDK already runs them with `block_on`. Nesting is allowed.
+///
+/// # Panics
+///
+/// When `future` is pending, nothing has woken it, and no request is
+/// waiting for the host: it could never finish (for example a future that
+/// awaits a channel no one sends on). The panic traps the instance, which
+/// fails the run or the actor with the message.
+pub fn block_on<F: Future>(future: F) -> F::Output {
+    block_on_with(&mut HostEvents, future)
+}
+
+pub(crate) fn block_on_with<F: Future>(source: &mut impl EventSource, future: F) -> F::Output {
+    let flag = Arc::new(Flag::default());
+    let waker = Waker::from(flag.clone());
+    let mut cx = Context::from_waker(&waker);
+    let mut future = pin!(future);
+    loop {
+        flag.0.store(false, Ordering::Release);
+        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+        while !flag.0.load(Ordering::Acquire) {
+            if with_reactor(|r| r.waiting_for_host()) == 0 {
+                panic!(
+                    "monarch_guest::block_on: the future is pending, yet no request is waiting \
+                     for the host and nothing woke it, so it can never finish; is it waiting on \
+                     something other than a call, a stream or next_failure?"
+                );
+            }
+            let events = source.next_events(MAX_EVENTS, WAIT_MS);
+            let mut wake = Vec::new();
+            with_reactor(|r| {
+                for event in events {
+                    r.deliver(event, &mut wake);
+                }
+            });
+            wake.into_iter().for_each(Waker::wake);
+        }
+    }
+}
+
+/// Takes the failures that `failure` events reported so far: actors of the
+/// meshes this program owns that died outside any call, such as a
+/// `broadcast` that failed. Failures that a call reported come back as that
+/// call's [`CallError::Supervision`](crate::CallError::Supervision) instead.
+///
+/// Only events already fetched count; a `block_on` that awaited calls has
+/// fetched everything up to its last call's reply.
+pub fn take_failures() -> Vec<SupervisionFailure> {
+    with_reactor(|r| r.failures.drain(..).collect())
+}
+
+/// Waits for the next failure that a `failure` event reports (see
+/// [`take_failures`]).
+pub fn next_failure() -> NextFailure {
+    NextFailure { waiter: None }
+}
+
+/// The future of [`next_failure`].
+#[must_use = "futures do nothing unless awaited"]
+pub struct NextFailure {
+    waiter: Option<u64>,
+}
+
+impl Future for NextFailure {
+    type Output = SupervisionFailure;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<SupervisionFailure> {
+        let waiter = self.waiter;
+        let (ready, waiter) = with_reactor(|r| {
+            if let Some(waiter) = waiter {
+                r.failure_waiters.remove(&waiter);
+            }
+            match r.failures.pop_front() {
+                Some(failure) => (Some(failure), None),
+                None => {
+                    let waiter = r.next_waiter;
+                    r.next_waiter += 1;
+                    r.failure_waiters.insert(waiter, cx.waker().clone());
+                    (None, Some(waiter))
+                }
+            }
+        });
+        self.waiter = waiter;
+        ready.map_or(Poll::Pending, Poll::Ready)
+    }
+}
+
+impl Drop for NextFailure {
+    fn drop(&mut self) {
+        if let Some(waiter) = self.waiter {
+            try_with_reactor(|r| {
+                r.failure_waiters.remove(&waiter);
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bindings::monarch::host::types as wit;
+    use crate::call::{Call, CallStream};
+    use crate::value_mesh::ValueMesh;
+    use crate::{CallError, codec, extent};
+    use futures::future::join_all;
+
+    /// Replays scripted batches of events; each `next_events` returns one
+    /// batch (at most `max` of it; the rest waits for the next call).
+    #[derive(Default)]
+    struct Script {
+        batches: VecDeque<Vec<Event>>,
+        fetches: usize,
+    }
+
+    impl Script {
+        fn new(batches: impl IntoIterator<Item = Vec<Event>>) -> Self {
+            Self {
+                batches: batches.into_iter().collect(),
+                fetches: 0,
+            }
+        }
+    }
+
+    impl EventSource for Script {
+        fn next_events(&mut self, max: u32, _timeout_ms: u64) -> Vec<Event> {
+            self.fetches += 1;
+            let mut batch = self.batches.pop_front().unwrap_or_default();
+            if batch.len() > max as usize {
+                let rest = batch.split_off(max as usize);
+                self.batches.push_front(rest);
+            }
+            batch
+        }
+    }
+
+    fn single(id: RequestId, bytes: Vec<u8>) -> Event {
+        Event {
+            id,
+            kind: EventKind::Done(Ok(wit::Reply::Single(bytes))),
+        }
+    }
+
+    fn failure(mesh: &str, rank: u32) -> wit::SupervisionFailure {
+        wit::SupervisionFailure {
+            mesh: mesh.into(),
+            rank,
+            reason: "trapped".into(),
+        }
+    }
+
+    #[test]
+    fn ex1_thousands_of_calls_complete_whatever_the_reply_order() {
+        let calls: Vec<Call<i64>> = (1..=3000).map(Call::<i64>::single).collect();
+        // Replies arrive newest first, in batches larger than MAX_EVENTS.
+        let replies: Vec<Event> = (1..=3000u64)
+            .rev()
+            .map(|id| single(id, codec::encode(&(id as i64 * 10)).unwrap()))
+            .collect();
+        let mut script = Script::new([replies]);
+        let results = block_on_with(&mut script, join_all(calls));
+        let expected: Vec<_> = (1..=3000).map(|id| Ok(id * 10)).collect();
+        assert_eq!(results, expected);
+        assert_eq!(script.fetches, 3, "3000 events in batches of at most 1024");
+        assert_eq!(with_reactor(|r| r.slots()), 0);
+    }
+
+    #[test]
+    fn ex1_a_stream_yields_items_in_arrival_order_then_ends() {
+        let stream = CallStream::<String>::start(7);
+        let item = |rank: u32, r: Result<&str, wit::CallError>| Event {
+            id: 7,
+            kind: EventKind::Item((rank, r.map(|s| codec::encode(&s.to_string()).unwrap()))),
+        };
+        let mut script = Script::new([
+            vec![item(2, Ok("two"))],
+            vec![
+                item(0, Err(wit::CallError::Endpoint((0, "no".into())))),
+                item(1, Ok("one")),
+                Event {
+                    id: 7,
+                    kind: EventKind::End,
+                },
+            ],
+        ]);
+        let items = block_on_with(&mut script, futures::StreamExt::collect::<Vec<_>>(stream));
+        assert_eq!(
+            items,
+            vec![
+                (2, Ok("two".to_string())),
+                (
+                    0,
+                    Err(CallError::Endpoint {
+                        rank: 0,
+                        message: "no".into()
+                    })
+                ),
+                (1, Ok("one".to_string())),
+            ]
+        );
+        assert_eq!(with_reactor(|r| r.slots()), 0);
+    }
+
+    #[test]
+    fn ex2_a_dropped_call_leaves_no_slot_and_its_reply_is_dropped() {
+        let kept = Call::<i64>::single(1);
+        drop(Call::<i64>::single(2));
+        assert_eq!(with_reactor(|r| r.slots()), 1);
+        let mut script = Script::new([vec![
+            single(2, codec::encode(&5i64).unwrap()),
+            single(1, codec::encode(&6i64).unwrap()),
+        ]]);
+        assert_eq!(block_on_with(&mut script, kept), Ok(6));
+        assert_eq!(with_reactor(|r| (r.slots(), r.dropped)), (0, 1));
+    }
+
+    #[test]
+    fn ex3_failure_events_go_to_their_own_queue() {
+        let call = Call::<i64>::single(1);
+        let mut script = Script::new([vec![
+            Event {
+                id: 0,
+                kind: EventKind::Failure(failure("workers", 3)),
+            },
+            single(1, codec::encode(&1i64).unwrap()),
+        ]]);
+        assert_eq!(block_on_with(&mut script, call), Ok(1));
+        let failures = take_failures();
+        assert_eq!(failures.len(), 1);
+        assert_eq!(
+            (failures[0].mesh.as_str(), failures[0].rank),
+            ("workers", 3)
+        );
+        assert!(take_failures().is_empty());
+    }
+
+    #[test]
+    fn ex3_next_failure_waits_for_a_failure_event() {
+        let mut script = Script::new([
+            vec![],
+            vec![Event {
+                id: 0,
+                kind: EventKind::Failure(failure("workers", 1)),
+            }],
+        ]);
+        let failure = block_on_with(&mut script, next_failure());
+        assert_eq!(failure.rank, 1);
+        assert_eq!(script.fetches, 2, "an empty batch means the wait timed out");
+        assert!(with_reactor(|r| r.failure_waiters.is_empty()));
+    }
+
+    #[test]
+    #[should_panic(expected = "can never finish")]
+    fn ex4_a_future_nothing_can_wake_panics_instead_of_hanging() {
+        block_on_with(&mut Script::default(), std::future::pending::<()>());
+    }
+
+    #[test]
+    fn ex4_a_reply_buffered_for_a_call_nobody_awaits_does_not_keep_block_on_waiting() {
+        let _unawaited = Call::<i64>::single(1);
+        let stuck = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut script = Script::new([vec![single(1, codec::encode(&1i64).unwrap())]]);
+            block_on_with(&mut script, std::future::pending::<()>())
+        }));
+        assert!(stuck.is_err());
+    }
+
+    #[test]
+    fn ex5_nested_block_on_wakes_the_outer_futures() {
+        let outer = Call::<i64>::single(1);
+        let inner_then_outer = async {
+            // A handler that blocks inside its actor's `handle`: the inner
+            // loop fetches the outer call's reply along with its own.
+            let inner = Call::<i64>::single(2);
+            let mut inner_script = Script::new([vec![
+                single(1, codec::encode(&100i64).unwrap()),
+                single(2, codec::encode(&200i64).unwrap()),
+            ]]);
+            let inner = block_on_with(&mut inner_script, inner);
+            let outer = outer.await;
+            (inner, outer)
+        };
+        let mut outer_script = Script::default();
+        let (inner, outer) = block_on_with(&mut outer_script, inner_then_outer);
+        assert_eq!((inner, outer), (Ok(200), Ok(100)));
+        assert_eq!(outer_script.fetches, 0, "the inner loop fetched everything");
+    }
+
+    #[test]
+    fn gathered_replies_decode_into_a_value_mesh() {
+        let call = Call::<ValueMesh<String>>::gathered(4);
+        let values = ["a", "b"].map(|s| codec::encode(&s.to_string()).unwrap());
+        let mut script = Script::new([vec![Event {
+            id: 4,
+            kind: EventKind::Done(Ok(wit::Reply::Gathered(wit::ValueMesh {
+                extent: (&extent!(gpus = 2)).into(),
+                values: values.to_vec(),
+            }))),
+        }]]);
+        let mesh = block_on_with(&mut script, call).unwrap();
+        assert_eq!(mesh.extent(), &extent!(gpus = 2));
+        assert_eq!(mesh.values(), ["a", "b"]);
+    }
+}
