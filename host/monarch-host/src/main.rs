@@ -52,7 +52,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            // Actor failures reach the program as values; their Wasm
+            // backtraces are logged at info (RUST_LOG=monarch_host=info).
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,hyperactor::actor=off".into()),
         )
         .with_writer(std::io::stderr)
         .init();

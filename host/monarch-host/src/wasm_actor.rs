@@ -81,7 +81,7 @@ impl Actor for WasmActor {
             .call_create(&mut store, &self.class, &self.init, self.rank, &self.extent)
             .await
             .map_err(|trap| {
-                tracing::warn!(actor = %cx.actor_id(), "trap in create: {trap:?}");
+                tracing::info!(actor = %cx.actor_id(), "trap in create: {trap:?}");
                 anyhow!("`create` trapped: {}", trap_reason(&trap))
             })?;
         created.map_err(|error| anyhow!("`create` of class `{}` failed: {error}", self.class))?;
@@ -109,7 +109,7 @@ impl Handler<WasmCall> for WasmActor {
             // waiting on it, this one included. Callers get the trap's
             // reason; the Wasm backtrace goes to the host's log.
             Err(trap) => {
-                tracing::warn!(actor = %cx.actor_id(), endpoint = %call.endpoint, "trap: {trap:?}");
+                tracing::info!(actor = %cx.actor_id(), endpoint = %call.endpoint, "trap: {trap:?}");
                 Err(anyhow!(
                     "trapped in `{}`: {}",
                     call.endpoint,
