@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
-use wasmtime::{Config, Engine};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 /// How often the engine's epoch advances; a running guest yields at each
 /// tick, so no guest holds a host thread for longer.
@@ -89,11 +89,25 @@ pub struct Loaded {
     pub cached: bool,
 }
 
-/// The engine every program and actor of this host runs on.
-pub fn new_engine() -> wasmtime::Result<Engine> {
+/// Instances one engine holds at once (the controller and every actor).
+pub const MAX_INSTANCES: u32 = 1000;
+
+/// The engine every program and actor of this host runs on. Instances come
+/// from a pool sized for [`MAX_INSTANCES`] with `memory_bytes` of linear
+/// memory each, so that spawning an actor reuses prepared memory instead
+/// of mapping it anew.
+pub fn new_engine(memory_bytes: usize) -> wasmtime::Result<Engine> {
+    let mut pool = PoolingAllocationConfig::new();
+    pool.total_component_instances(MAX_INSTANCES)
+        .total_core_instances(MAX_INSTANCES * 4)
+        .total_memories(MAX_INSTANCES * 2)
+        .total_tables(MAX_INSTANCES * 4)
+        .total_stacks(MAX_INSTANCES)
+        .max_memory_size(memory_bytes);
     let mut config = Config::new();
     config.wasm_component_model(true);
     config.epoch_interruption(true);
+    config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     Engine::new(&config)
 }
 
@@ -233,7 +247,7 @@ mod tests {
 
     #[test]
     fn garbage_and_core_modules_are_refused_by_name() {
-        let engine = new_engine().unwrap();
+        let engine = new_engine(64 << 20).unwrap();
         let path = Path::new("app.wasm");
         assert!(matches!(
             load_bytes(&engine, path, b"hello, world").err(),
