@@ -750,11 +750,7 @@ impl HostState {
             Ok(members) => Ok(self.start(&mesh, members, endpoint, message, mode)),
             Err(reason) => {
                 let id = self.request_id();
-                let kind = match mode {
-                    Mode::Stream => EventKind::End,
-                    _ => EventKind::Done(Err(CallError::Invalid(reason))),
-                };
-                self.finish_now(id, kind);
+                self.finish_now(id, EventKind::Done(Err(CallError::Invalid(reason))));
                 Ok(id)
             }
         }

@@ -47,7 +47,8 @@ pub async fn run_program(
     sandbox: Sandbox,
     log: LogSink,
 ) -> Result<(), RunError> {
-    let engine = engine::new_engine(sandbox.memory_bytes).map_err(|e| RunError::Host(format!("{e:#}")))?;
+    let engine =
+        engine::new_engine(sandbox.memory_bytes).map_err(|e| RunError::Host(format!("{e:#}")))?;
     engine::start_epoch_ticker(&engine);
     let started = Instant::now();
     let loaded = engine::load(&engine, path)?;
