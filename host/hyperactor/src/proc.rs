@@ -121,8 +121,19 @@ pub(crate) struct ProcInner {
 impl Drop for ProcInner {
     fn drop(&mut self) {
         self.shutdown.send_replace(true);
+        if let ChannelAddr::Local(name) = self.id.addr() {
+            let mut procs = IN_PROCESS.write();
+            if procs.get(name).is_some_and(|proc| proc.strong_count() == 0) {
+                procs.remove(name);
+            }
+        }
     }
 }
+
+/// The `local:` procs of this process, by name: messages between them are
+/// handed over as values, like messages inside one proc, never encoded.
+static IN_PROCESS: std::sync::LazyLock<RwLock<HashMap<String, Weak<ProcInner>>>> =
+    std::sync::LazyLock::new(Default::default);
 
 /// A proc: a set of actors behind one channel address. Cheap to clone.
 #[derive(Clone)]
@@ -160,6 +171,11 @@ impl Proc {
             shutdown: watch::Sender::new(false),
         });
         let shutdown = inner.shutdown.subscribe();
+        if let ChannelAddr::Local(name) = inner.id.addr() {
+            IN_PROCESS
+                .write()
+                .insert(name.clone(), Arc::downgrade(&inner));
+        }
         inner
             .runtime
             .spawn(accept_loop(Arc::downgrade(&inner), listener, shutdown));
@@ -263,8 +279,18 @@ impl Proc {
         self.0.actors.read().get(name)?.get(&rank).cloned()
     }
 
-    fn is_local(&self, actor: &ActorId) -> bool {
-        actor.proc_id().same(&self.0.id)
+    /// The proc of `actor` if it lives in this OS process: this proc, or a
+    /// `local:` proc, which takes messages as values.
+    fn in_process(&self, actor: &ActorId) -> Option<Proc> {
+        let proc_id = actor.proc_id();
+        if proc_id.same(&self.0.id) {
+            return Some(self.clone());
+        }
+        let ChannelAddr::Local(name) = proc_id.addr() else {
+            return None;
+        };
+        let inner = IN_PROCESS.read().get(name)?.upgrade()?;
+        inner.id.same(proc_id).then_some(Proc(inner))
     }
 
     /// Sends `message` from `sender` to `dest`; `return_port` is the port
@@ -278,8 +304,8 @@ impl Proc {
     ) {
         let _span = tracing::trace_span!("send", from = %sender, to = %dest).entered();
         let meta = meta_for::<M>(sender, dest, return_port);
-        if self.is_local(dest.actor_id()) {
-            self.deliver_local(Payload::Local(Box::new(message)), meta);
+        if let Some(proc) = self.in_process(dest.actor_id()) {
+            proc.deliver_local(Payload::Local(Box::new(message)), meta);
             return;
         }
         // The message is archived straight into the frame, the envelope after it.
@@ -347,8 +373,8 @@ impl Proc {
     /// Sends a failure body; failures are never answered with failures (DF-2).
     fn post_failure(&self, to: &PortId, from: &PortId, body: Body) {
         let actor = to.actor_id();
-        if self.is_local(actor) {
-            if let Some(entry) = self.lookup(actor.name(), actor.rank()) {
+        if let Some(proc) = self.in_process(actor) {
+            if let Some(entry) = proc.lookup(actor.name(), actor.rank()) {
                 match body {
                     Body::Failure(failure) => entry.fail(to.index(), failure),
                     Body::Undeliverable(undeliverable) => entry.undeliverable(undeliverable),

@@ -90,7 +90,7 @@ pub struct Loaded {
 }
 
 /// Instances one engine holds at once (the controller and every actor).
-pub const MAX_INSTANCES: u32 = 1000;
+pub const MAX_INSTANCES: u32 = 1200;
 
 /// The engine every program and actor of this host runs on. Instances come
 /// from a pool sized for [`MAX_INSTANCES`] with `memory_bytes` of linear
@@ -100,7 +100,7 @@ pub fn new_engine(memory_bytes: usize) -> wasmtime::Result<Engine> {
     let mut pool = PoolingAllocationConfig::new();
     pool.total_component_instances(MAX_INSTANCES)
         .total_core_instances(MAX_INSTANCES * 4)
-        .total_memories(MAX_INSTANCES * 2)
+        .total_memories(MAX_INSTANCES)
         .total_tables(MAX_INSTANCES * 4)
         .total_stacks(MAX_INSTANCES)
         .max_memory_size(memory_bytes);

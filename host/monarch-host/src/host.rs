@@ -147,6 +147,9 @@ impl WasiView for HostState {
     }
 }
 
+/// How long `next-events` polls for an event before it sleeps.
+const EVENT_SPIN: Duration = Duration::from_micros(50);
+
 /// Resources one instance may hold at once.
 const MAX_RESOURCES: usize = 10_000;
 
@@ -481,9 +484,27 @@ impl mesh::Host for HostState {
         if remaining.is_zero() {
             wasmtime::bail!("the run's deadline passed (--timeout)");
         }
-        match tokio::time::timeout(wait.min(remaining), self.events_rx.recv()).await {
-            Ok(Some(event)) => events.push(event),
-            Ok(None) | Err(_) => return Ok(events),
+        // Poll briefly before sleeping: a reply to an in-process actor comes
+        // within microseconds, and waking a sleeping thread costs more.
+        let spin_until = Instant::now() + EVENT_SPIN.min(wait);
+        let first = loop {
+            match self.events_rx.try_recv() {
+                Ok(event) => break Some(event),
+                Err(mpsc::error::TryRecvError::Disconnected) => break None,
+                Err(mpsc::error::TryRecvError::Empty) if Instant::now() < spin_until => {
+                    tokio::task::yield_now().await;
+                }
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    break tokio::time::timeout(wait.min(remaining), self.events_rx.recv())
+                        .await
+                        .ok()
+                        .flatten();
+                }
+            }
+        };
+        match first {
+            Some(event) => events.push(event),
+            None => return Ok(events),
         }
         while events.len() < max {
             match self.events_rx.try_recv() {
