@@ -65,6 +65,7 @@
 //! The full suite takes about 15 s on two cores; `--quick` runs a few
 //! seconds and is for smoke tests, not for figures.
 
+mod controller;
 mod driver;
 mod raw;
 mod report;
@@ -114,6 +115,17 @@ enum Suite {
     /// ipc_call_rtt_us, tcp_call_rtt_us (medians, us), ipc_calls_per_s
     /// (calls/s), oneway_msgs_per_s (msgs/s). Payloads are 64 bytes.
     Runtime(RuntimeArgs),
+
+    /// The Wasm controller: host calls, calls to Wasm actors and spawning,
+    /// measured from inside a controller program, next to the same call
+    /// between two native actors (the floor).
+    ///
+    /// Metrics: hostcall_ns, controller_call_rtt_us (median),
+    /// controller_calls_per_s (1,000 concurrent calls), actor_instantiate_us
+    /// (median), spawn_1000_actors_ms, and the floor native_call_rtt_us.
+    /// Needs the guest program: `cd guest-sdk && cargo build --release
+    /// --target wasm32-wasip2`.
+    Controller(controller::ControllerArgs),
 
     /// Worker process of the runtime suite: serves a proc with an echo actor
     /// at ADDR, prints `READY <proc id>`, exits when stdin closes.
@@ -200,6 +212,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             settings.busy_poll = std::time::Duration::from_micros(args.busy_poll_us);
             let rt = worker::runtime(args.flavor, threads)?;
             let result = rt.block_on(runtime::run(&settings));
+            rt.shutdown_timeout(std::time::Duration::from_secs(1));
+            result
+        }
+        Suite::Controller(args) => {
+            let rt = worker::runtime(Flavor::MultiThread, 2)?;
+            let result = rt.block_on(controller::run(args));
             rt.shutdown_timeout(std::time::Duration::from_secs(1));
             result
         }

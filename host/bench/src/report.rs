@@ -15,6 +15,10 @@ pub enum Unit {
     CallsPerSec,
     /// Delivered messages per second.
     MsgsPerSec,
+    /// Nanoseconds, for host calls.
+    Nanos,
+    /// Milliseconds, for spawning.
+    Millis,
 }
 
 impl Unit {
@@ -24,13 +28,15 @@ impl Unit {
             Unit::Micros => "us",
             Unit::CallsPerSec => "calls/s",
             Unit::MsgsPerSec => "msgs/s",
+            Unit::Nanos => "ns",
+            Unit::Millis => "ms",
         }
     }
 
     /// Rounds a value to the precision worth printing in this unit.
     fn round(self, value: f64) -> f64 {
         match self {
-            Unit::Micros => (value * 100.0).round() / 100.0,
+            Unit::Micros | Unit::Nanos | Unit::Millis => (value * 100.0).round() / 100.0,
             Unit::CallsPerSec | Unit::MsgsPerSec => value.round(),
         }
     }

@@ -216,7 +216,9 @@ fn store_in_cache(component: &Component, file: &Path) {
         .and_then(|bytes| {
             let dir = file.parent().ok_or("no cache directory")?;
             std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-            let partial = file.with_extension(format!("partial-{}", std::process::id()));
+            static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let nth = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let partial = file.with_extension(format!("partial-{}-{nth}", std::process::id()));
             std::fs::write(&partial, bytes).map_err(|e| e.to_string())?;
             std::fs::rename(&partial, file).map_err(|e| e.to_string())
         });

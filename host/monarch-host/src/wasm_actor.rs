@@ -125,10 +125,8 @@ impl Handler<WasmCall> for WasmActor {
 pub(crate) fn trap_reason(error: &wasmtime::Error) -> String {
     match error.downcast_ref::<wasmtime::Trap>() {
         Some(trap) => trap.to_string(),
-        None => format!("{error:#}")
-            .lines()
-            .next()
-            .unwrap_or("unknown error")
-            .to_string(),
+        // Not a Trap (memory growth refused, a deadline): the innermost
+        // cause says why; the outer layers are the backtrace.
+        None => error.root_cause().to_string(),
     }
 }

@@ -1,0 +1,152 @@
+//! The `controller` suite: a Wasm controller program measures host calls,
+//! calls to Wasm actors in this process, and spawning, with the monotonic
+//! clock WASI grants it, and logs `BENCH <metric> <value> <unit>` lines;
+//! this side runs it on `monarch-host`'s library and prints the records.
+//! The floor is the same call between two native actors in one proc.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+use hyperactor::testing::{Echo, EchoActor};
+use hyperactor::{Actor, Context, Exports, Handler, OncePortRef, Proc};
+
+use crate::report::{Unit, emit};
+
+const SUITE: &str = "controller";
+
+/// Arguments of the controller suite.
+#[derive(Debug, Args)]
+pub struct ControllerArgs {
+    /// Far fewer iterations: a smoke test of a few seconds.
+    #[arg(long)]
+    quick: bool,
+    /// The guest program.
+    #[arg(
+        long,
+        default_value = "guest-sdk/target/wasm32-wasip2/release/controller_bench.wasm"
+    )]
+    program: PathBuf,
+}
+
+/// Times calls from inside an actor, as a controller would make them.
+struct Timer {
+    echo: hyperactor::ActorRef<EchoActor>,
+}
+
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+struct TimeCalls {
+    count: u32,
+    reply: OncePortRef<Vec<u64>>,
+}
+
+impl Actor for Timer {
+    fn exports(exports: &mut Exports<Self>) {
+        exports.handle::<TimeCalls>();
+    }
+}
+
+impl Handler<TimeCalls> for Timer {
+    async fn handle(&mut self, cx: &Context<Self>, message: TimeCalls) -> anyhow::Result<()> {
+        let mut nanos = Vec::with_capacity(message.count as usize);
+        for _ in 0..message.count {
+            let started = Instant::now();
+            self.echo
+                .call(cx, |reply| Echo {
+                    payload: vec![7; 64],
+                    reply,
+                })
+                .await?;
+            nanos.push(started.elapsed().as_nanos() as u64);
+        }
+        message.reply.send(cx, nanos);
+        Ok(())
+    }
+}
+
+async fn native_floor(samples: u32) -> anyhow::Result<f64> {
+    let proc = Proc::serve("floor", "local:controller-bench-floor".parse()?).await?;
+    let echo = proc.spawn("echo", 0, EchoActor::default())?.bind();
+    let timer = proc.spawn("timer", 0, Timer { echo })?.bind();
+    let (client, _) = proc.attach("client")?;
+    timer
+        .call(&client, |reply| TimeCalls {
+            count: 2_000,
+            reply,
+        })
+        .await?;
+    let mut nanos = timer
+        .call(&client, |reply| TimeCalls {
+            count: samples,
+            reply,
+        })
+        .await?;
+    nanos.sort_unstable();
+    Ok(nanos[nanos.len() / 2] as f64 / 1e3)
+}
+
+/// Runs the suite.
+pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
+    if !args.program.exists() {
+        bail!(
+            "{} does not exist: build the guest programs first with `cd guest-sdk && cargo build --release --target wasm32-wasip2`, or name the program with --program",
+            args.program.display()
+        );
+    }
+    let lines: Arc<Mutex<Vec<String>>> = Arc::default();
+    let sink = {
+        let lines = lines.clone();
+        Arc::new(move |line: &str| {
+            if let Ok(mut lines) = lines.lock() {
+                lines.push(line.to_string());
+            }
+        })
+    };
+    let sandbox = monarch_host::Sandbox {
+        max_procs: 1_100,
+        deadline: Duration::from_secs(120),
+        ..monarch_host::Sandbox::default()
+    };
+    let guest_args: Vec<String> = if args.quick {
+        vec!["quick".into()]
+    } else {
+        vec![]
+    };
+    monarch_host::run_program(&args.program, &guest_args, sandbox, sink)
+        .await
+        .context("the controller benchmark program failed")?;
+    let lines = lines.lock().map(|l| l.clone()).unwrap_or_default();
+    let mut seen = 0;
+    for line in &lines {
+        let Some(record) = line.split("BENCH ").nth(1) else {
+            continue;
+        };
+        let fields: Vec<&str> = record.split_whitespace().collect();
+        let [metric, value, unit] = fields[..] else {
+            bail!("malformed benchmark line from the guest: {line}");
+        };
+        let value: f64 = value
+            .parse()
+            .with_context(|| format!("malformed value in {line}"))?;
+        let unit = match unit {
+            "ns" => Unit::Nanos,
+            "us" => Unit::Micros,
+            "ms" => Unit::Millis,
+            "calls/s" => Unit::CallsPerSec,
+            other => bail!("unknown unit {other} in {line}"),
+        };
+        emit(SUITE, metric, value, unit)?;
+        seen += 1;
+    }
+    if seen != 5 {
+        bail!(
+            "the guest reported {seen} of 5 metrics; its output:\n{}",
+            lines.join("\n")
+        );
+    }
+    let floor = native_floor(if args.quick { 1_000 } else { 20_000 }).await?;
+    emit(SUITE, "native_call_rtt_us", floor, Unit::Micros)?;
+    Ok(())
+}

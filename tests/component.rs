@@ -1,0 +1,531 @@
+//! Component tests: real guest programs, built for `wasm32-wasip2` by this
+//! crate's build script, run by monarch-host.
+//!
+//! The programs are the examples (`examples/`) and the edge cases in
+//! `tests/programs/`: a controller or actor that spins (`spin`), one that
+//! allocates past the memory cap (`hog`), and a component of the wrong WIT
+//! world (`wrong_world`). Files that are not programs at all (garbage, a
+//! core module, a missing file) are written here.
+//!
+//! Most tests call the host's library, [`monarch_host::run_program`], and
+//! capture the program's log lines; the `cli_*` tests run the
+//! `monarch-host` command as a process, to check what a user sees: the exit
+//! status and the error on stderr. Every guest program has a test named
+//! after it (`foreach_guest_program!`, made by the build script).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use monarch_host::host::LogSink;
+use monarch_host::{LoadError, RunError, Sandbox, run_program};
+
+#[macro_use]
+mod guest_programs {
+    include!(concat!(env!("OUT_DIR"), "/guest_programs.rs"));
+}
+
+/// Fails to compile unless a test function is named after the program.
+macro_rules! assert_test_exists {
+    ($name:ident) => {
+        #[allow(unused_imports)]
+        use self::$name as _;
+    };
+}
+foreach_guest_program!(assert_test_exists);
+
+/// How long a run that should succeed may take before the host ends it.
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// What one run did.
+struct Run {
+    result: Result<(), RunError>,
+    /// The program's log lines, as the command would print them.
+    lines: Vec<String>,
+    /// When each line was logged, from the start of the run.
+    logged_at: Vec<Duration>,
+    /// How long the run took, loading the program included.
+    elapsed: Duration,
+}
+
+impl Run {
+    /// When the first line that contains `needle` was logged.
+    fn first_logged(&self, needle: &str) -> Duration {
+        self.assert_logged(needle);
+        let index = self.lines.iter().position(|line| line.contains(needle));
+        self.logged_at[index.unwrap_or_default()]
+    }
+
+    /// The log lines that contain `needle`.
+    fn lines_with(&self, needle: &str) -> Vec<&str> {
+        self.lines
+            .iter()
+            .filter(|line| line.contains(needle))
+            .map(String::as_str)
+            .collect()
+    }
+
+    /// Panics, showing the run, unless a log line contains `needle`.
+    fn assert_logged(&self, needle: &str) {
+        assert!(
+            !self.lines_with(needle).is_empty(),
+            "no log line contains {needle:?}; the run logged:\n{}\nand returned {:?}",
+            self.lines.join("\n"),
+            self.result
+        );
+    }
+
+    /// Panics, showing the run, unless it returned Ok.
+    fn assert_ok(&self) {
+        assert!(
+            self.result.is_ok(),
+            "the run failed: {:?}; it logged:\n{}",
+            self.result,
+            self.lines.join("\n")
+        );
+    }
+}
+
+/// A sandbox like the command's defaults, with a test-sized deadline.
+fn sandbox() -> Sandbox {
+    Sandbox {
+        deadline: DEADLINE,
+        ..Sandbox::default()
+    }
+}
+
+/// Runs the program at `path` with `args`, the way the command does: on a
+/// multi-threaded runtime, in a task of its own.
+fn run(path: &Path, args: &[&str], sandbox: Sandbox) -> Run {
+    let started = Instant::now();
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let log: LogSink = {
+        let lines = lines.clone();
+        Arc::new(move |line: &str| {
+            let at = started.elapsed();
+            lines.lock().unwrap().push((at, line.to_string()));
+        })
+    };
+    let args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
+    let path = path.to_path_buf();
+    // Past the deadline the host must end the run; later (compiling the
+    // program in a debug build is slow on a busy machine), the test does.
+    let limit = sandbox.deadline + Duration::from_secs(30);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let result = runtime.block_on(async move {
+        let task = tokio::spawn(async move { run_program(&path, &args, sandbox, log).await });
+        match tokio::time::timeout(limit, task).await {
+            Ok(joined) => joined.expect("run_program panicked"),
+            Err(_) => panic!("the run did not end within {limit:?}, past its deadline"),
+        }
+    });
+    let elapsed = started.elapsed();
+    // Actors still computing yield at every epoch tick, so this is quick.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    let (logged_at, lines) = std::mem::take(&mut *lines.lock().unwrap())
+        .into_iter()
+        .unzip();
+    Run {
+        result,
+        lines,
+        logged_at,
+        elapsed,
+    }
+}
+
+/// A file named `name` in this test's scratch directory, holding `bytes`.
+fn scratch_file(name: &str, bytes: &[u8]) -> PathBuf {
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// The smallest core module: the magic, then version 1 of layer 0.
+const CORE_MODULE: &[u8] = b"\0asm\x01\0\0\0";
+
+/// The `MiB` of every "holds N MiB" line the hog logged.
+fn held_mib(run: &Run) -> Vec<usize> {
+    run.lines_with(" holds ")
+        .iter()
+        .filter_map(|line| {
+            line.split(" holds ")
+                .nth(1)?
+                .strip_suffix(" MiB")?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// hello: four greeters, one greeting line per rank, in rank order.
+#[test]
+fn hello() {
+    let run = run(Path::new(env!("GUEST_HELLO")), &[], sandbox());
+    run.assert_ok();
+    let expected: Vec<String> = (0..4)
+        .map(|rank| format!("[controller] rank {rank}: hello from rank {rank} of 4"))
+        .collect();
+    assert_eq!(
+        run.lines_with("hello from rank"),
+        expected,
+        "{:#?}",
+        run.lines
+    );
+}
+
+/// ping-pong: two pingers hit their pongers three times each, awaiting the
+/// replies inside their handlers; the pongers counted six hits in all.
+#[test]
+fn ping_pong() {
+    let run = run(Path::new(env!("GUEST_PING_PONG")), &[], sandbox());
+    run.assert_ok();
+    run.assert_logged("[controller] pinger 0 got 3 pongs back");
+    run.assert_logged("[controller] pinger 1 got 3 pongs back");
+    run.assert_logged("[controller] total hits: 6");
+}
+
+/// counter: an endpoint error and a trapped actor both come back to the
+/// controller as values, and the run carries on to a new mesh.
+#[test]
+fn counter() {
+    let run = run(Path::new(env!("GUEST_COUNTER")), &[], sandbox());
+    run.assert_ok();
+    run.assert_logged("endpoint error: cannot add -1: counters only count up");
+    run.assert_logged("counter 1 lives on, still at 5");
+    run.assert_logged("supervision error: actor counters[2] failed: trapped in `crash`");
+    run.assert_logged("a call to the whole mesh fails: actor counters[2] failed");
+    run.assert_logged("a new mesh on the same procs sums to 300");
+}
+
+/// spin: a controller that never calls the host is stopped at the run's
+/// deadline, not before and not long after, with an error that names the
+/// deadline. (The deadline starts once the program is compiled, so the
+/// window is measured from the controller's first line.)
+#[test]
+fn spin() {
+    let deadline = Duration::from_secs(2);
+    let run = run(
+        Path::new(env!("GUEST_SPIN")),
+        &[],
+        Sandbox {
+            deadline,
+            ..sandbox()
+        },
+    );
+    run.assert_logged("[controller] the controller starts spinning");
+    match &run.result {
+        Err(RunError::Timeout(after)) => assert_eq!(*after, deadline),
+        Err(RunError::Trap(reason)) => assert!(reason.contains("deadline"), "{reason}"),
+        other => panic!("expected a timeout or a deadline trap, got {other:?}"),
+    }
+    assert!(
+        run.result
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("--timeout")),
+        "the error should name the option that sets the deadline: {:?}",
+        run.result
+    );
+    let spinning = run.elapsed - run.first_logged("the controller starts spinning");
+    assert!(
+        run.elapsed >= deadline && spinning < deadline + Duration::from_secs(3),
+        "the run took {:?}, {spinning:?} of it spinning, with a deadline of {deadline:?}",
+        run.elapsed
+    );
+}
+
+/// An actor spinning in a handler does not hold its caller: the call ends
+/// with a timeout error after the call timeout, and the controller finishes.
+#[test]
+fn spin_in_an_actor_times_out_the_call_and_the_run_goes_on() {
+    let run = run(Path::new(env!("GUEST_SPIN")), &["actor"], sandbox());
+    run.assert_ok();
+    let spinning = run.first_logged("[spinners[0]] spinner 0 starts spinning");
+    let timed_out = run.first_logged("[controller] the call to the spinner timed out after 500ms");
+    assert!(
+        timed_out - spinning < Duration::from_secs(3)
+            && run.elapsed - timed_out < Duration::from_secs(3),
+        "the actor spun from {spinning:?}, the call timed out at {timed_out:?} and the run ended at {:?}",
+        run.elapsed
+    );
+}
+
+/// hog: a controller that allocates without end fails the run with a trap
+/// once its memory reaches the cap; the cap, not anything else, is what
+/// stopped it, since a larger cap lets it hold more.
+#[test]
+fn hog() {
+    let capped = |mib: usize| {
+        run(
+            Path::new(env!("GUEST_HOG")),
+            &[],
+            Sandbox {
+                memory_bytes: mib << 20,
+                ..sandbox()
+            },
+        )
+    };
+    for cap in [32, 64] {
+        let run = capped(cap);
+        match &run.result {
+            Err(RunError::Trap(reason)) => assert!(reason.contains("memory"), "{reason}"),
+            other => panic!("expected the controller to trap under a {cap} MiB cap, got {other:?}"),
+        }
+        let most = held_mib(&run).into_iter().max().unwrap_or(0);
+        assert!(
+            most >= cap / 2 && most < cap,
+            "under a {cap} MiB cap the hog held at most {most} MiB; it logged:\n{}",
+            run.lines.join("\n")
+        );
+    }
+}
+
+/// An actor that runs out of memory fails alone: its caller gets a
+/// supervision error and the controller returns Ok.
+#[test]
+fn hog_in_an_actor_fails_the_actor_not_the_run() {
+    let run = run(
+        Path::new(env!("GUEST_HOG")),
+        &["actor"],
+        Sandbox {
+            memory_bytes: 32 << 20,
+            ..sandbox()
+        },
+    );
+    run.assert_ok();
+    run.assert_logged("[hogs[0]] hog 0 holds 16 MiB");
+    run.assert_logged("[controller] the hog failed: actor hogs[0] failed: trapped in `eat`");
+}
+
+/// The reason an out-of-memory actor failed should say so, the way the
+/// controller's trap does.
+#[test]
+fn an_actor_out_of_memory_says_why_it_failed() {
+    let run = run(
+        Path::new(env!("GUEST_HOG")),
+        &["actor"],
+        Sandbox {
+            memory_bytes: 32 << 20,
+            ..sandbox()
+        },
+    );
+    run.assert_ok();
+    run.assert_logged("growing memory");
+}
+
+/// wrong-world: a component of the `actor` world exports `actor-class` but no
+/// `run`; the host refuses it before running anything, naming `run`.
+#[test]
+fn wrong_world() {
+    let path = Path::new(env!("GUEST_WRONG_WORLD"));
+    let run = run(path, &[], sandbox());
+    match &run.result {
+        Err(RunError::WrongWorld {
+            path: named,
+            reason,
+        }) => {
+            assert_eq!(Path::new(named), path);
+            assert!(
+                reason.contains("`run`"),
+                "the reason should name `run`: {reason}"
+            );
+        }
+        other => panic!("expected a wrong-world error, got {other:?}"),
+    }
+    let message = run.result.unwrap_err().to_string();
+    assert!(message.contains("monarch:host/program"), "{message}");
+    assert!(run.lines.is_empty(), "it ran: {:#?}", run.lines);
+}
+
+/// Bytes that are not WebAssembly are refused as such, empty files too.
+#[test]
+fn garbage_is_not_wasm() {
+    for (name, bytes) in [
+        (
+            "component-garbage.wasm",
+            &b"#!/bin/sh\necho this is not wasm\n"[..],
+        ),
+        ("component-empty.wasm", b""),
+        ("component-magic-only.wasm", b"\0asm"),
+    ] {
+        let path = scratch_file(name, bytes);
+        let run = run(&path, &[], sandbox());
+        match &run.result {
+            Err(RunError::Load(LoadError::NotWasm { path: named })) => assert_eq!(named, &path),
+            other => panic!("{name}: expected a not-wasm error, got {other:?}"),
+        }
+        let message = run.result.unwrap_err().to_string();
+        assert!(message.contains("not a WebAssembly file"), "{message}");
+    }
+}
+
+/// A core module is refused with the way to build a component.
+#[test]
+fn core_module_is_not_a_component() {
+    let path = scratch_file("component-core-module.wasm", CORE_MODULE);
+    let run = run(&path, &[], sandbox());
+    match &run.result {
+        Err(RunError::Load(LoadError::CoreModule { path: named })) => assert_eq!(named, &path),
+        other => panic!("expected a core-module error, got {other:?}"),
+    }
+    let message = run.result.unwrap_err().to_string();
+    assert!(
+        message.contains("not a component") && message.contains("wasm32-wasip2"),
+        "{message}"
+    );
+}
+
+/// A file that does not exist is a read error that names it.
+#[test]
+fn missing_file_is_a_read_error() {
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-no-such-program.wasm");
+    let run = run(&path, &[], sandbox());
+    match &run.result {
+        Err(RunError::Load(LoadError::Read { path: named, .. })) => assert_eq!(named, &path),
+        other => panic!("expected a read error, got {other:?}"),
+    }
+}
+
+/// What the `monarch-host` command did.
+struct Command {
+    /// The exit code; `None` if a signal ended it.
+    code: Option<i32>,
+    /// Its stdout, line by line, each with when it came.
+    stdout: Vec<(Duration, String)>,
+    stderr: String,
+    elapsed: Duration,
+}
+
+impl Command {
+    /// When the first stdout line that contains `needle` came.
+    fn printed_at(&self, needle: &str) -> Duration {
+        self.stdout
+            .iter()
+            .find(|(_, line)| line.contains(needle))
+            .map(|(at, _)| *at)
+            .unwrap_or_else(|| panic!("no line of stdout contains {needle:?}:\n{self:?}"))
+    }
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "exit code {:?} after {:?}; stdout:",
+            self.code, self.elapsed
+        )?;
+        for (_, line) in &self.stdout {
+            writeln!(f, "{line}")?;
+        }
+        write!(f, "stderr:\n{}", self.stderr)
+    }
+}
+
+/// Runs `monarch-host run ARGS...`; kills it and panics past `limit`.
+fn monarch_host(args: &[&str], limit: Duration) -> Command {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::Stdio;
+
+    let started = Instant::now();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_monarch-host-cli"))
+        .arg("run")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start monarch-host");
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let stdout = std::thread::spawn(move || {
+        stdout
+            .lines()
+            .map_while(Result::ok)
+            .map(|line| (started.elapsed(), line))
+            .collect()
+    });
+    let mut stderr = child.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for monarch-host") {
+            break status;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("monarch-host {args:?} did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let elapsed = started.elapsed();
+    Command {
+        code: status.code(),
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+        elapsed,
+    }
+}
+
+/// `--timeout 2` on a spinning controller: the command exits 1 about two
+/// seconds after the controller starts, and says the deadline passed.
+#[test]
+fn cli_spin_past_its_timeout_exits_with_an_error() {
+    let out = monarch_host(
+        &[env!("GUEST_SPIN"), "--timeout", "2"],
+        Duration::from_secs(40),
+    );
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr.starts_with("monarch-host: error: ") && out.stderr.contains("(--timeout)"),
+        "{out:?}"
+    );
+    let spinning = out.elapsed - out.printed_at("[controller] the controller starts spinning");
+    assert!(
+        out.elapsed >= Duration::from_secs(2) && spinning < Duration::from_secs(5),
+        "{spinning:?} spinning; {out:?}"
+    );
+}
+
+/// `--memory 32` on a hog: the command exits 1 with an error; no signal or
+/// abort ends it.
+#[test]
+fn cli_hog_past_its_memory_cap_exits_with_an_error() {
+    let out = monarch_host(
+        &[env!("GUEST_HOG"), "--memory", "32"],
+        Duration::from_secs(40),
+    );
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr
+            .starts_with("monarch-host: error: the controller trapped"),
+        "{out:?}"
+    );
+    out.printed_at("[controller] the controller holds 16 MiB");
+}
+
+/// Files that are not programs: exit 1 and an error that names the file and
+/// what is wrong with it, before anything runs.
+#[test]
+fn cli_refuses_what_is_not_a_program() {
+    let garbage = scratch_file("cli-garbage.wasm", b"not wasm at all");
+    let core = scratch_file("cli-core-module.wasm", CORE_MODULE);
+    for (path, what) in [
+        (garbage.to_str().unwrap(), "is not a WebAssembly file"),
+        (core.to_str().unwrap(), "is a core WebAssembly module"),
+        (env!("GUEST_WRONG_WORLD"), "is not a monarch-host program"),
+    ] {
+        let out = monarch_host(&[path], Duration::from_secs(40));
+        assert_eq!(out.code, Some(1), "{out:?}");
+        let expected = format!("monarch-host: error: {path} {what}");
+        assert!(
+            out.stderr.starts_with(&expected),
+            "expected {expected:?}; {out:?}"
+        );
+        assert!(out.stdout.is_empty(), "{out:?}");
+    }
+}

@@ -1,0 +1,78 @@
+//! spin: computes forever without calling the host, so only the host's
+//! epoch interruption can take the thread back.
+//!
+//! - `spin`: the controller spins. The run must end at its deadline
+//!   (`--timeout`) with an error that says so.
+//! - `spin actor`: a `Spinner` actor spins inside its `spin` endpoint. The
+//!   controller's call must end with a timeout error after the call timeout,
+//!   and the controller then returns Ok while the actor still spins.
+
+use std::time::Duration;
+
+use monarch_guest::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// `spin`: never replies.
+#[derive(Serialize, Deserialize)]
+struct Spin;
+
+impl Message for Spin {
+    const ENDPOINT: &'static str = "spin";
+    type Reply = ();
+}
+
+struct Spinner;
+
+impl Actor for Spinner {
+    const CLASS: &'static str = "Spinner";
+    type Init = ();
+
+    fn create((): (), _cx: &Context) -> Result<Self, String> {
+        Ok(Spinner)
+    }
+
+    fn endpoints(endpoints: &mut Endpoints<Self>) {
+        endpoints.handle::<Spin>();
+    }
+}
+
+impl Handler<Spin> for Spinner {
+    async fn handle(&mut self, cx: &Context, _: Spin) -> Result<(), String> {
+        info!("spinner {} starts spinning", cx.rank());
+        spin_forever()
+    }
+}
+
+/// A loop the optimizer must keep, with no call out of the instance.
+fn spin_forever() -> ! {
+    loop {
+        core::hint::black_box(());
+    }
+}
+
+async fn main(args: Vec<String>) -> Result<(), String> {
+    match args.first().map(String::as_str) {
+        None => {
+            info!("the controller starts spinning");
+            spin_forever()
+        }
+        Some("actor") => {
+            let procs = spawn_procs(&extent!(procs = 1))?;
+            let spinners = procs.spawn::<Spinner>("spinners", &())?;
+            monarch_guest::set_call_timeout(Duration::from_millis(500));
+            match spinners.call_one(&Spin).await {
+                Err(CallError::Timeout(after)) => {
+                    info!("the call to the spinner timed out after {after:?}");
+                    Ok(())
+                }
+                other => Err(format!("expected the call to time out, got {other:?}")),
+            }
+        }
+        Some(other) => Err(format!("usage: spin [actor]; unknown mode `{other}`")),
+    }
+}
+
+monarch_guest::program! {
+    main: main,
+    actors: [Spinner],
+}
