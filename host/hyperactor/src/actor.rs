@@ -481,6 +481,21 @@ impl<A: Actor> ActorRef<A> {
         self.call_timeout(sender, make, timeout).await
     }
 
+    /// Sends the message `make` builds around a reply port now, and returns
+    /// that port; see [`Mailbox::start_call`].
+    pub fn start_call<M, R>(
+        &self,
+        sender: &Mailbox,
+        make: impl FnOnce(OncePortRef<R>) -> M,
+    ) -> crate::OncePort<R>
+    where
+        A: Handler<M>,
+        M: RemoteMessage,
+        R: RemoteMessage,
+    {
+        sender.start_call(&self.id.port_id(handler_port::<M>()), make)
+    }
+
     /// [`ActorRef::call`] with its own timeout.
     pub async fn call_timeout<M, R>(
         &self,

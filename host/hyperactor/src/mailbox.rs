@@ -332,13 +332,28 @@ impl Mailbox {
         M: RemoteMessage,
         R: RemoteMessage,
     {
+        self.start_call(dest, make).recv_timeout(timeout).await
+    }
+
+    /// Sends the message `make` builds around a fresh reply port to `dest`
+    /// now, and returns the port the reply (or the failure that stands in
+    /// for it) will arrive on. [`Mailbox::call_port`] is this plus the wait.
+    pub fn start_call<M, R>(
+        &self,
+        dest: &PortId,
+        make: impl FnOnce(OncePortRef<R>) -> M,
+    ) -> OncePort<R>
+    where
+        M: RemoteMessage,
+        R: RemoteMessage,
+    {
         let dest_addr = dest.actor_id().proc_id();
         let remote = !dest_addr.same(self.proc.id());
         let reply = self.open_once_port_from::<R>(remote.then(|| dest_addr.addr().clone()));
         let message = make(reply.bind());
         self.proc
             .post(&self.entry.id, dest, message, Some(reply.id.clone()));
-        reply.recv_timeout(timeout).await
+        reply
     }
 }
 

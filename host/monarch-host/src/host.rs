@@ -11,10 +11,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+
 use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use hyperactor::{ActorHandle, ActorId, ActorRef, Mailbox, Proc};
-use tokio::sync::mpsc;
 use wasmtime::component::{HasSelf, Linker, Resource, ResourceTable};
 use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
@@ -131,8 +134,12 @@ pub struct HostState {
     limits: StoreLimits,
     cluster: Arc<Cluster>,
     mailbox: Mailbox,
-    events_tx: mpsc::UnboundedSender<Event>,
-    events_rx: mpsc::UnboundedReceiver<Event>,
+    /// Events ready for `next-events`.
+    ready: VecDeque<Event>,
+    /// Requests with replies outstanding, by id.
+    requests: HashMap<u64, Request>,
+    /// One future per outstanding reply, polled by `next-events`.
+    replies: FuturesUnordered<RankFuture>,
     next_request: u64,
     call_timeout: Duration,
     who: String,
@@ -166,7 +173,6 @@ impl HostState {
             .memories(16)
             .trap_on_grow_failure(true)
             .build();
-        let (events_tx, events_rx) = mpsc::unbounded_channel();
         let call_timeout = cluster.sandbox.call_timeout;
         let mut table = ResourceTable::new();
         table.set_max_capacity(MAX_RESOURCES);
@@ -176,8 +182,9 @@ impl HostState {
             limits,
             cluster,
             mailbox,
-            events_tx,
-            events_rx,
+            ready: VecDeque::new(),
+            requests: HashMap::new(),
+            replies: FuturesUnordered::new(),
             next_request: 1,
             call_timeout,
             who,
@@ -194,8 +201,8 @@ impl HostState {
         id
     }
 
-    fn finish_now(&self, id: u64, kind: EventKind) {
-        let _ = self.events_tx.send(Event { id, kind });
+    fn finish_now(&mut self, id: u64, kind: EventKind) {
+        self.ready.push_back(Event { id, kind });
     }
 }
 
@@ -327,9 +334,32 @@ fn reduce(reducer: Reducer, replies: Vec<(u32, Vec<u8>)>) -> Result<Vec<u8>, Cal
     })
 }
 
+/// One rank's reply as it arrives.
+struct RankDone {
+    id: u64,
+    position: usize,
+    index: usize,
+    rank: u32,
+    result: Result<Result<Vec<u8>, String>, hyperactor::CallError>,
+}
+
+type RankFuture = Pin<Box<dyn Future<Output = RankDone> + Send>>;
+
+/// A request whose replies are still coming.
+struct Request {
+    mode: Mode,
+    mesh: String,
+    extent: Vec<Dim>,
+    remaining: usize,
+    replies: Vec<Option<(u32, Vec<u8>)>>,
+    first_error: Option<(usize, CallError)>,
+    in_flight: Arc<Vec<AtomicUsize>>,
+}
+
 impl HostState {
-    /// Starts a request to `members` of `mesh`; its events go to this
-    /// instance's queue.
+    /// Sends a request to `members` of `mesh` now; its replies are gathered
+    /// while the guest waits in `next-events`, on the guest's own task, so
+    /// that a reply wakes the waiting guest directly.
     fn start(
         &mut self,
         mesh: &ActorMeshHandle,
@@ -338,106 +368,111 @@ impl HostState {
         message: Vec<u8>,
         mode: Mode,
     ) -> u64 {
-        let id = if matches!(mode, Mode::Broadcast) {
-            0
-        } else {
-            self.request_id()
-        };
-        let tx = self.events_tx.clone();
-        let mailbox = self.mailbox.clone();
+        let id = self.request_id();
         let timeout = self.call_timeout;
-        let name = mesh.name.clone();
-        let extent = mesh.extent.clone();
-        let in_flight = mesh.in_flight.clone();
-        for (index, _) in &members {
-            in_flight[*index].fetch_add(1, Ordering::Relaxed);
+        for (position, (index, member)) in members.iter().cloned().enumerate() {
+            mesh.in_flight[index].fetch_add(1, Ordering::Relaxed);
+            let actor: ActorRef<WasmActor> = ActorRef::attest(member.actor);
+            let reply = actor.start_call(&self.mailbox, |reply| WasmCall {
+                endpoint: endpoint.clone(),
+                message: message.clone(),
+                reply,
+            });
+            self.replies.push(Box::pin(async move {
+                RankDone {
+                    id,
+                    position,
+                    index,
+                    rank: member.rank,
+                    result: reply.recv_timeout(timeout).await,
+                }
+            }));
         }
-        tokio::spawn(async move {
-            let mut calls: FuturesUnordered<_> = members
-                .into_iter()
-                .enumerate()
-                .map(|(position, (index, member))| {
-                    let actor: ActorRef<WasmActor> = ActorRef::attest(member.actor.clone());
-                    let endpoint = endpoint.clone();
-                    let message = message.clone();
-                    let mailbox = mailbox.clone();
-                    let in_flight = in_flight.clone();
-                    async move {
-                        let result = actor
-                            .call_timeout(
-                                &mailbox,
-                                |reply| WasmCall {
-                                    endpoint,
-                                    message,
-                                    reply,
-                                },
-                                timeout,
-                            )
-                            .await;
-                        in_flight[index].fetch_sub(1, Ordering::Relaxed);
-                        (position, member.rank, result)
-                    }
-                })
-                .collect();
-            let total = calls.len();
-            let mut replies: Vec<Option<(u32, Vec<u8>)>> = vec![None; total];
-            let mut first_error: Option<(usize, CallError)> = None;
-            while let Some((position, rank, result)) = calls.next().await {
-                match (mode, outcome(&name, rank, result)) {
-                    (Mode::Stream, item) => {
-                        let _ = tx.send(Event {
-                            id,
-                            kind: EventKind::Item((rank, item)),
-                        });
-                    }
-                    (Mode::Broadcast, Err(error)) => {
-                        let reason = match error {
-                            CallError::Supervision(f) => f.reason,
-                            CallError::Endpoint((_, message)) => {
-                                format!("endpoint error: {message}")
-                            }
-                            CallError::Timeout(ms) => format!("no reply within {ms} ms"),
-                            CallError::Invalid(message) => message,
-                        };
-                        let _ = tx.send(Event {
-                            id: 0,
-                            kind: EventKind::Failure(failure(&name, rank, reason)),
-                        });
-                    }
-                    (Mode::Broadcast, Ok(_)) => {}
-                    (_, Ok(bytes)) => replies[position] = Some((rank, bytes)),
-                    (_, Err(error)) => {
-                        if first_error.as_ref().is_none_or(|(p, _)| position < *p) {
-                            first_error = Some((position, error));
-                        }
-                    }
+        let request = Request {
+            mode,
+            mesh: mesh.name.clone(),
+            extent: mesh.extent.clone(),
+            remaining: members.len(),
+            replies: vec![None; members.len()],
+            first_error: None,
+            in_flight: mesh.in_flight.clone(),
+        };
+        if members.is_empty() {
+            self.finish(id, request);
+        } else {
+            self.requests.insert(id, request);
+        }
+        id
+    }
+
+    /// Takes one rank's reply into its request.
+    fn take_reply(&mut self, done: RankDone) {
+        let Some(request) = self.requests.get_mut(&done.id) else {
+            return;
+        };
+        request.in_flight[done.index].fetch_sub(1, Ordering::Relaxed);
+        request.remaining -= 1;
+        let result = outcome(&request.mesh, done.rank, done.result);
+        match (request.mode, result) {
+            (Mode::Stream, item) => {
+                let kind = EventKind::Item((done.rank, item));
+                self.ready.push_back(Event { id: done.id, kind });
+            }
+            (Mode::Broadcast, Err(error)) => {
+                let reason = match error {
+                    CallError::Supervision(f) => f.reason,
+                    CallError::Endpoint((_, message)) => format!("endpoint error: {message}"),
+                    CallError::Timeout(ms) => format!("no reply within {ms} ms"),
+                    CallError::Invalid(message) => message,
+                };
+                let kind = EventKind::Failure(failure(&request.mesh, done.rank, reason));
+                self.ready.push_back(Event { id: 0, kind });
+            }
+            (Mode::Broadcast, Ok(_)) => {}
+            (_, Ok(bytes)) => request.replies[done.position] = Some((done.rank, bytes)),
+            (_, Err(error)) => {
+                if request
+                    .first_error
+                    .as_ref()
+                    .is_none_or(|(p, _)| done.position < *p)
+                {
+                    request.first_error = Some((done.position, error));
                 }
             }
-            let kind = match mode {
-                Mode::Broadcast => return,
-                Mode::Stream => EventKind::End,
-                _ => match first_error {
-                    Some((_, error)) => EventKind::Done(Err(error)),
-                    None => {
-                        let replies: Vec<(u32, Vec<u8>)> = replies.into_iter().flatten().collect();
-                        EventKind::Done(match mode {
-                            Mode::Gather => Ok(Reply::Gathered(ValueMesh {
-                                extent,
-                                values: replies.into_iter().map(|(_, bytes)| bytes).collect(),
-                            })),
-                            Mode::Reduce(reducer) => reduce(reducer, replies).map(Reply::Single),
-                            _ => replies
-                                .into_iter()
-                                .next()
-                                .map(|(_, bytes)| Reply::Single(bytes))
-                                .ok_or_else(|| CallError::Invalid("no actor to call".into())),
-                        })
-                    }
-                },
-            };
-            let _ = tx.send(Event { id, kind });
-        });
-        id
+        }
+        if request.remaining == 0
+            && let Some(request) = self.requests.remove(&done.id)
+        {
+            self.finish(done.id, request);
+        }
+    }
+
+    /// Queues the final event of a request whose replies are all in.
+    fn finish(&mut self, id: u64, request: Request) {
+        let kind = match request.mode {
+            Mode::Broadcast => return,
+            Mode::Stream => EventKind::End,
+            mode => match request.first_error {
+                Some((_, error)) => EventKind::Done(Err(error)),
+                None => {
+                    let replies: Vec<(u32, Vec<u8>)> =
+                        request.replies.into_iter().flatten().collect();
+                    EventKind::Done(match mode {
+                        Mode::Reduce(reducer) => reduce(reducer, replies).map(Reply::Single),
+                        Mode::Single => replies
+                            .into_iter()
+                            .next()
+                            .map(|(_, bytes)| Reply::Single(bytes))
+                            .ok_or_else(|| CallError::Invalid("no actor to call".into())),
+                        _ => Ok(Reply::Gathered(ValueMesh {
+                            extent: request.extent,
+                            values: replies.into_iter().map(|(_, bytes)| bytes).collect(),
+                        })),
+                    })
+                }
+            },
+        };
+        self.ready.push_back(Event { id, kind });
     }
 }
 
@@ -475,44 +510,43 @@ impl mesh::Host for HostState {
 
     async fn next_events(&mut self, max: u32, timeout_ms: u64) -> wasmtime::Result<Vec<Event>> {
         let max = max.clamp(1, 65_536) as usize;
-        let mut events = Vec::new();
-        let wait = Duration::from_millis(timeout_ms);
-        let remaining = self
-            .cluster
-            .deadline
-            .saturating_duration_since(Instant::now());
-        if remaining.is_zero() {
+        let now = Instant::now();
+        if now >= self.cluster.deadline {
             wasmtime::bail!("the run's deadline passed (--timeout)");
         }
-        // Poll briefly before sleeping: a reply to an in-process actor comes
-        // within microseconds, and waking a sleeping thread costs more.
-        let spin_until = Instant::now() + EVENT_SPIN.min(wait);
-        let first = loop {
-            match self.events_rx.try_recv() {
-                Ok(event) => break Some(event),
-                Err(mpsc::error::TryRecvError::Disconnected) => break None,
-                Err(mpsc::error::TryRecvError::Empty) if Instant::now() < spin_until => {
-                    tokio::task::yield_now().await;
+        let until = (now + Duration::from_millis(timeout_ms)).min(self.cluster.deadline);
+        // Poll briefly before sleeping: a reply from an in-process actor
+        // comes within microseconds, and waking a sleeping thread costs more.
+        let spin_until = (now + EVENT_SPIN).min(until);
+        while self.ready.is_empty() && !self.replies.is_empty() {
+            let done = if Instant::now() < spin_until {
+                match self.replies.next().now_or_never() {
+                    Some(done) => done,
+                    None => {
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
                 }
-                Err(mpsc::error::TryRecvError::Empty) => {
-                    break tokio::time::timeout(wait.min(remaining), self.events_rx.recv())
-                        .await
-                        .ok()
-                        .flatten();
+            } else {
+                match tokio::time::timeout_at(until.into(), self.replies.next()).await {
+                    Ok(done) => done,
+                    Err(_) => break,
                 }
-            }
-        };
-        match first {
-            Some(event) => events.push(event),
-            None => return Ok(events),
-        }
-        while events.len() < max {
-            match self.events_rx.try_recv() {
-                Ok(event) => events.push(event),
-                Err(_) => break,
+            };
+            match done {
+                Some(done) => self.take_reply(done),
+                None => break,
             }
         }
-        Ok(events)
+        // Take whatever else has already arrived, without waiting.
+        while self.ready.len() < max {
+            match self.replies.next().now_or_never() {
+                Some(Some(done)) => self.take_reply(done),
+                _ => break,
+            }
+        }
+        let count = self.ready.len().min(max);
+        Ok(self.ready.drain(..count).collect())
     }
 
     async fn set_call_timeout(&mut self, timeout_ms: u64) -> wasmtime::Result<()> {
