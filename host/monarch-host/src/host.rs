@@ -157,6 +157,10 @@ impl WasiView for HostState {
 /// How long `next-events` polls for an event before it sleeps.
 const EVENT_SPIN: Duration = Duration::from_micros(50);
 
+/// The most bytes a guest may hand the host in one call (a message, a
+/// name), as large as the biggest frame a proc sends.
+const HOSTCALL_FUEL: usize = 64 << 20;
+
 /// Resources one instance may hold at once.
 const MAX_RESOURCES: usize = 10_000;
 
@@ -210,6 +214,7 @@ impl HostState {
 pub(crate) fn new_store(cluster: &Arc<Cluster>, state: HostState) -> Store<HostState> {
     let mut store = Store::new(&cluster.engine, state);
     store.limiter(|state| &mut state.limits);
+    store.set_hostcall_fuel(HOSTCALL_FUEL);
     let deadline = cluster.deadline;
     store.epoch_deadline_callback(move |_| {
         if Instant::now() >= deadline {
