@@ -799,13 +799,7 @@ impl HostState {
         mode: Mode,
         select: impl FnOnce(&[Member]) -> Result<Vec<(usize, Member)>, String>,
     ) -> wasmtime::Result<u64> {
-        let mesh = self.table.get(&this)?;
-        let mesh = ActorMeshHandle {
-            name: mesh.name.clone(),
-            extent: mesh.extent.clone(),
-            members: mesh.members.clone(),
-            in_flight: mesh.in_flight.clone(),
-        };
+        let mesh = self.table.get(&this)?.clone();
         match select(&mesh.members) {
             Ok(members) => Ok(self.start(&mesh, members, endpoint, message, mode)),
             Err(reason) => {

@@ -27,6 +27,7 @@ pub struct Member {
 }
 
 /// An actor mesh, or a slice of one.
+#[derive(Clone)]
 pub struct ActorMeshHandle {
     pub(crate) name: String,
     pub(crate) extent: Vec<Dim>,

@@ -2,7 +2,6 @@
 //! returns, traps, or the deadline passes.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Instant;
 
 use crate::bindings::{Program, ProgramPre};
@@ -94,6 +93,5 @@ pub async fn run_program(
     .unwrap_or(Err(RunError::Timeout(deadline)));
     cluster.stop_all();
     drop(store);
-    let _ = Arc::strong_count(&cluster);
     outcome
 }
