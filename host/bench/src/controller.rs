@@ -23,6 +23,10 @@ pub struct ControllerArgs {
     /// Far fewer iterations: a smoke test of a few seconds.
     #[arg(long)]
     quick: bool,
+    /// Threads of the runtime, as `monarch-host run --threads`: 1 (the
+    /// default, as there) is a current-thread runtime.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub threads: u16,
     /// The guest program.
     #[arg(
         long,

@@ -216,7 +216,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             result
         }
         Suite::Controller(args) => {
-            let rt = worker::runtime(Flavor::MultiThread, 2)?;
+            let rt = match args.threads {
+                1 => worker::runtime(Flavor::CurrentThread, 1)?,
+                n => worker::runtime(Flavor::MultiThread, n.into())?,
+            };
             let result = rt.block_on(controller::run(args));
             rt.shutdown_timeout(std::time::Duration::from_secs(1));
             result

@@ -42,6 +42,13 @@ enum Command {
         /// another timeout, in seconds.
         #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
         call_timeout: u64,
+        /// Threads that run the controller and the actors. With 1 (the
+        /// default) everything runs on one thread and a call to an actor
+        /// costs a few microseconds; more threads let busy actors compute in
+        /// parallel, at the price of waking threads (tens of microseconds
+        /// per call on virtual machines).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+        threads: u16,
         /// Arguments passed to the program's `run`.
         #[arg(last = true)]
         args: Vec<String>,
@@ -50,6 +57,15 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let Command::Run {
+        app,
+        procs,
+        memory,
+        timeout,
+        call_timeout,
+        threads,
+        args,
+    } = cli.command;
     tracing_subscriber::fmt()
         .with_env_filter(
             // Actor failures reach the program as values; their Wasm
@@ -59,24 +75,20 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(threads.into());
+        builder
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("monarch-host: error: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let Command::Run {
-        app,
-        procs,
-        memory,
-        timeout,
-        call_timeout,
-        args,
-    } = cli.command;
     let sandbox = Sandbox {
         memory_bytes: memory as usize * (1 << 20),
         deadline: Duration::from_secs(timeout),
