@@ -110,19 +110,12 @@ pub(crate) struct Envelope {
     pub(crate) body: Body,
 }
 
-/// Archives an envelope at the end of `buf`. Ids are written out wherever
-/// they occur rather than shared, which costs a few bytes and saves the
-/// bookkeeping of shared pointers on every message.
+/// Archives an envelope at the end of `buf`.
 pub(crate) fn encode_envelope(
     envelope: &Envelope,
     buf: AlignedVec,
 ) -> Result<AlignedVec, rancor::Error> {
-    rkyv::util::with_arena(|arena| {
-        let mut serializer =
-            rkyv::ser::Serializer::new(buf, arena.acquire(), rkyv::ser::sharing::Unshare);
-        rkyv::api::serialize_using::<_, rancor::Error>(envelope, &mut serializer)?;
-        Ok(serializer.into_writer())
-    })
+    rkyv::api::high::to_bytes_in::<_, rancor::Error>(envelope, buf)
 }
 
 #[cfg(test)]

@@ -33,9 +33,7 @@ use crate::channel::link::{Link, LinkConfig};
 use crate::channel::transport::{Conn, Listener, WriteHalf};
 use crate::channel::{ChannelAddr, ChannelStats};
 use crate::failure::{ActorSupervisionEvent, DeliveryFailure, Undeliverable};
-use crate::id::{
-    ActorId, ArchivedActorId, ArchivedPortId, IdParseError, PortId, ProcId, validate_name,
-};
+use crate::id::{ActorId, ArchivedPortId, IdParseError, PortId, ProcId, validate_name};
 use crate::mailbox::{Mailbox, MailboxEntry, Meta, Payload, TypeName, UNDELIVERABLE_PORT};
 use crate::message::{
     ArchivedBody, ArchivedEnvelope, Body, Envelope, RemoteMessage, encode_envelope,
@@ -507,9 +505,9 @@ impl Proc {
         &self,
         body: &[u8],
         envelope: &ArchivedEnvelope,
-        cache: &mut IdCache,
+        type_names: &mut TypeNames,
     ) -> Result<(), FrameError> {
-        let dest = cache.port(&envelope.dest)?;
+        let dest = decode_port(&envelope.dest)?;
         let actor = dest.actor_id();
         let entry = if actor.proc_id().name() == self.0.id.name() {
             self.lookup(actor.name(), actor.rank())
@@ -524,13 +522,13 @@ impl Proc {
                     .and_then(|end| body.get(start..end))
                     .ok_or_else(|| FrameError::Invalid("message outside its frame".into()))?;
                 let return_port = match envelope.return_port.as_ref() {
-                    Some(port) => Some(cache.port(port)?),
+                    Some(port) => Some(decode_port(port)?),
                     None => None,
                 };
                 let meta = Meta {
-                    sender: cache.actor(&envelope.sender)?,
+                    sender: decode(&envelope.sender)?,
                     return_port,
-                    message_type: cache.type_name(envelope.message_type.as_str()),
+                    message_type: type_names.type_name(envelope.message_type.as_str()),
                     dest,
                 };
                 let result = match entry {
@@ -570,37 +568,28 @@ where
     rkyv::deserialize::<T, rancor::Error>(archived).map_err(|e| FrameError::Invalid(e.to_string()))
 }
 
-/// What one connection decoded lately. Ids need nothing here: their
-/// decoder reuses recent ones (see `id.rs`). Type names are kept so that a
-/// steady stream allocates none.
+/// The type names one connection saw lately, so that a steady stream
+/// allocates none. (Ids need no cache here: their decoder reuses recent
+/// ones, see `id.rs`.)
 #[derive(Default)]
-struct IdCache {
-    type_names: [Option<Arc<str>>; 2],
-    next_type_name: usize,
+struct TypeNames {
+    recent: [Option<Arc<str>>; 2],
+    next: usize,
 }
 
-impl IdCache {
-    fn actor(&mut self, archived: &ArchivedActorId) -> Result<ActorId, FrameError> {
-        decode(archived)
-    }
+fn decode_port(archived: &ArchivedPortId) -> Result<PortId, FrameError> {
+    let (actor, port) = archived.parts();
+    Ok(decode::<ActorId>(actor)?.port_id(port))
+}
 
-    fn port(&mut self, archived: &ArchivedPortId) -> Result<PortId, FrameError> {
-        let (actor, port) = archived.parts();
-        Ok(self.actor(actor)?.port_id(port))
-    }
-
+impl TypeNames {
     fn type_name(&mut self, name: &str) -> TypeName {
-        if let Some(known) = self
-            .type_names
-            .iter()
-            .flatten()
-            .find(|known| &***known == name)
-        {
+        if let Some(known) = self.recent.iter().flatten().find(|known| &***known == name) {
             return TypeName::Shared(known.clone());
         }
         let shared: Arc<str> = Arc::from(name);
-        self.type_names[self.next_type_name] = Some(shared.clone());
-        self.next_type_name = (self.next_type_name + 1) % self.type_names.len();
+        self.recent[self.next] = Some(shared.clone());
+        self.next = (self.next + 1) % self.recent.len();
         TypeName::Shared(shared)
     }
 }
@@ -680,7 +669,7 @@ async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
     let (session_id, from) = hello;
     tracing::debug!(proc = %proc.0.id, %from, "accepted a link");
     let session = proc.session(session_id);
-    let mut cache = IdCache::default();
+    let mut type_names = TypeNames::default();
     let mut delivered = 0u64;
     let mut acked = 0u64;
     let mut ack_deadline: Option<tokio::time::Instant> = None;
@@ -709,7 +698,7 @@ async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
             } else {
                 let envelope = rkyv::access::<ArchivedEnvelope, rancor::Error>(bytes)
                     .map_err(|e| FrameError::Invalid(e.to_string()))?;
-                proc.deliver_archived(bytes, envelope, &mut cache)?;
+                proc.deliver_archived(bytes, envelope, &mut type_names)?;
                 *last = header.seq;
                 delivered = header.seq;
             }

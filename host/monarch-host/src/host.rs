@@ -643,16 +643,16 @@ impl mesh::HostProcMesh for HostState {
     }
 
     async fn stop(&mut self, this: Resource<ProcMeshHandle>) -> wasmtime::Result<()> {
-        let procs: Vec<String> = self
+        let procs: Vec<hyperactor::ProcId> = self
             .table
             .get(&this)?
             .procs
             .iter()
-            .map(|p| p.id().to_string())
+            .map(|p| p.id().clone())
             .collect();
         let on_procs: Vec<ActorId> = lock(&self.cluster.actors)
             .keys()
-            .filter(|id| procs.contains(&id.proc_id().to_string()))
+            .filter(|id| procs.contains(id.proc_id()))
             .cloned()
             .collect();
         self.cluster.stop_actors(on_procs.into_iter());
