@@ -29,6 +29,23 @@ pub struct Sandbox {
     pub call_timeout: Duration,
     /// The most procs the program may spawn.
     pub max_procs: usize,
+    /// Where procs run.
+    pub placement: Placement,
+    /// The fan-out of the multicast trees that carry casts.
+    pub fanout: u32,
+}
+
+/// Where the procs of a program run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    /// Inside the host's own process: cheapest, but one crash ends all.
+    InProcess,
+    /// Child processes of the host, started as `program bootstrap`
+    /// (`program` is the `monarch-host` binary).
+    Local {
+        /// The `monarch-host` binary.
+        program: PathBuf,
+    },
 }
 
 impl Default for Sandbox {
@@ -38,6 +55,8 @@ impl Default for Sandbox {
             deadline: Duration::from_secs(300),
             call_timeout: Duration::from_secs(60),
             max_procs: 64,
+            placement: Placement::InProcess,
+            fanout: 16,
         }
     }
 }

@@ -1,23 +1,23 @@
 //! The host side of the WIT imports, for the controller and for actors.
 //!
 //! Every instance, controller or actor, has a [`HostState`]: its resource
-//! table, its sandbox limits, the mailbox it sends from, and its event
-//! queue. A request (`call`, `stream`...) returns its id at once; a task
-//! makes the hyperactor calls, gathers or reduces the replies, and queues
-//! exactly one final event for the id, which `next-events` hands over.
+//! table, its sandbox limits, the mailbox it sends from, and a caster
+//! ([`hyperactor_mesh::Caster`]) for its requests. A request (`call`,
+//! `stream`...) becomes a cast down the mesh's multicast tree and returns
+//! its id at once; exactly one final event comes for the id, which
+//! `next-events` hands over with the failures of the meshes the instance
+//! spawned.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use std::collections::VecDeque;
-use std::future::Future;
-use std::pin::Pin;
-
-use futures::stream::FuturesUnordered;
-use futures::{FutureExt, StreamExt};
-use hyperactor::{ActorHandle, ActorId, ActorRef, Mailbox, Proc};
+use hyperactor::{Mailbox, ProcId};
+use hyperactor_mesh::agent::MeshEvent;
+use hyperactor_mesh::client::{ActorSpec, MeshClient};
+use hyperactor_mesh::{CastMode, Caster, Outcome, RankError};
+use tokio::sync::mpsc;
 use wasmtime::component::{HasSelf, Linker, Resource, ResourceTable};
 use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
@@ -28,23 +28,31 @@ use crate::bindings::{
     ValueMesh,
 };
 use crate::engine::Sandbox;
-use crate::mesh::{ActorMeshHandle, Member, ProcMeshHandle, extent_size, slice, validate_extent};
-use crate::wasm_actor::{WasmActor, WasmCall};
+use crate::mesh::{ActorMeshHandle, MeshBase, ProcMeshHandle, extent_size, slice, validate_extent};
+use crate::wasm_actor::WasmSpawnParams;
 
 /// Where log lines of guests go.
 pub type LogSink = Arc<dyn Fn(&str) + Send + Sync>;
 
-/// What every instance of one run shares: the engine, the compiled
-/// program, the procs, and the actors spawned on them.
+/// The program a cluster runs, as bytes for the hosts that do not have it.
+pub(crate) struct ProgramBytes {
+    pub(crate) sha256: String,
+    pub(crate) bytes: Arc<Vec<u8>>,
+}
+
+/// What every instance of one program on one OS process shares: the
+/// engine, the compiled program, and (on the controller's process) the
+/// mesh client that starts procs.
 pub struct Cluster {
     pub(crate) engine: Engine,
     pub(crate) pre: ProgramPre<HostState>,
     pub(crate) sandbox: Sandbox,
     pub(crate) log: LogSink,
     pub(crate) deadline: Instant,
-    run_id: String,
-    procs: Mutex<Vec<Proc>>,
-    actors: Mutex<HashMap<ActorId, ActorHandle<WasmActor>>>,
+    pub(crate) program: ProgramBytes,
+    client: std::sync::OnceLock<Arc<MeshClient>>,
+    procs_spawned: AtomicUsize,
+    meshes: std::sync::Mutex<Vec<Arc<MeshBase>>>,
 }
 
 impl Cluster {
@@ -53,8 +61,9 @@ impl Cluster {
         pre: ProgramPre<HostState>,
         sandbox: Sandbox,
         log: LogSink,
+        program: ProgramBytes,
+        client: Option<Arc<MeshClient>>,
     ) -> Arc<Self> {
-        static RUNS: AtomicUsize = AtomicUsize::new(0);
         let deadline = Instant::now() + sandbox.deadline;
         Arc::new(Cluster {
             engine,
@@ -62,69 +71,101 @@ impl Cluster {
             sandbox,
             log,
             deadline,
-            run_id: format!(
-                "run{}-{}",
-                std::process::id(),
-                RUNS.fetch_add(1, Ordering::Relaxed)
-            ),
-            procs: Mutex::new(Vec::new()),
-            actors: Mutex::new(HashMap::new()),
+            program,
+            client: client.map(std::sync::OnceLock::from).unwrap_or_default(),
+            procs_spawned: AtomicUsize::new(0),
+            meshes: std::sync::Mutex::new(Vec::new()),
         })
     }
 
-    /// A proc for the controller to send from.
-    pub(crate) async fn controller_proc(&self) -> anyhow::Result<Proc> {
-        let addr = format!("local:{}-controller", self.run_id).parse()?;
-        Ok(Proc::serve("controller", addr).await?)
+    /// Gives the cluster the mesh client that starts its procs.
+    pub(crate) fn set_client(&self, client: Arc<MeshClient>) {
+        let _ = self.client.set(client);
     }
 
-    async fn spawn_procs(&self, count: usize) -> Result<Vec<Proc>, String> {
-        let start = {
-            let procs = lock(&self.procs);
-            if procs.len() + count > self.sandbox.max_procs {
-                return Err(format!(
-                    "the host allows {} procs (--procs) and {} are running; {count} more asked for",
-                    self.sandbox.max_procs,
-                    procs.len()
-                ));
+    pub(crate) fn client(&self) -> Result<&Arc<MeshClient>, String> {
+        self.client
+            .get()
+            .ok_or_else(|| "only the controller spawns procs and actor meshes".to_string())
+    }
+
+    async fn spawn_procs(&self, count: usize) -> Result<Vec<ProcId>, String> {
+        let client = self.client()?;
+        let before = self.procs_spawned.fetch_add(count, Ordering::Relaxed);
+        if before + count > self.sandbox.max_procs {
+            self.procs_spawned.fetch_sub(count, Ordering::Relaxed);
+            return Err(format!(
+                "the host allows {} procs (--procs) and {before} are running; {count} more asked for",
+                self.sandbox.max_procs,
+            ));
+        }
+        match client.spawn_procs(count).await {
+            Ok(allocated) => Ok(allocated.into_iter().map(|a| a.proc).collect()),
+            Err(e) => {
+                self.procs_spawned.fetch_sub(count, Ordering::Relaxed);
+                Err(format!("cannot start procs: {e}"))
             }
-            procs.len()
+        }
+    }
+
+    /// Stops every actor mesh the program spawned, then its procs.
+    pub(crate) async fn stop_all(&self) {
+        let Some(client) = self.client.get() else {
+            return;
         };
-        let mut spawned = Vec::with_capacity(count);
-        for i in start..start + count {
-            let addr = format!("local:{}-proc{i}", self.run_id)
-                .parse()
-                .map_err(|e| format!("{e}"))?;
-            let proc = Proc::serve(&format!("proc{i}"), addr)
-                .await
-                .map_err(|e| format!("cannot start a proc: {e}"))?;
-            spawned.push(proc);
-        }
-        lock(&self.procs).extend(spawned.iter().cloned());
-        Ok(spawned)
+        let meshes: Vec<Arc<MeshBase>> = std::mem::take(&mut *lock(&self.meshes));
+        let stops = meshes
+            .iter()
+            .map(|m| client.stop_actors(&m.procs, &m.name, Duration::from_secs(2)));
+        futures::future::join_all(stops).await;
+        client.stop_all();
     }
+}
 
-    fn stop_actors(&self, ids: impl Iterator<Item = ActorId>) {
-        let actors = lock(&self.actors);
-        for id in ids {
-            if let Some(handle) = actors.get(&id) {
-                handle.stop();
-            }
-        }
-    }
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
-    /// Stops every actor of the run.
-    pub(crate) fn stop_all(&self) {
-        for handle in lock(&self.actors).values() {
-            handle.stop();
+/// How a request treats replies.
+#[derive(Clone, Copy)]
+enum Mode {
+    Gather,
+    Reduce(Reducer),
+    Single,
+    Stream,
+    Broadcast,
+}
+
+impl Mode {
+    fn cast_mode(self) -> CastMode {
+        use hyperactor_mesh::Reducer as R;
+        match self {
+            Mode::Gather | Mode::Single => CastMode::Gather,
+            Mode::Stream => CastMode::Stream,
+            Mode::Broadcast => CastMode::Broadcast,
+            Mode::Reduce(reducer) => CastMode::Reduce(match reducer {
+                Reducer::SumI64 => R::SumI64,
+                Reducer::MinI64 => R::MinI64,
+                Reducer::MaxI64 => R::MaxI64,
+                Reducer::SumF64 => R::SumF64,
+                Reducer::MinF64 => R::MinF64,
+                Reducer::MaxF64 => R::MaxF64,
+                Reducer::Concat => R::Concat,
+            }),
         }
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+/// A request whose cast is in flight.
+struct Pending {
+    id: u64,
+    mode: Mode,
+    mesh: String,
+    extent: Vec<Dim>,
+    /// For `choose`: the counter to give back.
+    chosen: Option<(Arc<Vec<AtomicUsize>>, usize)>,
 }
 
 /// The host state of one instance.
@@ -133,16 +174,18 @@ pub struct HostState {
     table: ResourceTable,
     limits: StoreLimits,
     cluster: Arc<Cluster>,
-    mailbox: Mailbox,
+    caster: Caster,
     /// Events ready for `next-events`.
     ready: VecDeque<Event>,
-    /// Requests with replies outstanding, by id.
-    requests: HashMap<u64, Request>,
-    /// One future per outstanding reply, polled by `next-events`.
-    replies: FuturesUnordered<RankFuture>,
+    /// Requests in flight, by cast number.
+    pending: HashMap<u64, Pending>,
     next_request: u64,
     call_timeout: Duration,
     who: String,
+    /// Failures of procs and actors (the controller's).
+    events: Option<mpsc::UnboundedReceiver<MeshEvent>>,
+    /// The meshes this instance spawned, whose failures it hears of.
+    spawned: Vec<Arc<MeshBase>>,
 }
 
 impl WasiView for HostState {
@@ -164,9 +207,12 @@ const HOSTCALL_FUEL: usize = 64 << 20;
 /// Resources one instance may hold at once.
 const MAX_RESOURCES: usize = 10_000;
 
+/// The fan-out of the multicast trees of casts.
+pub const FANOUT: u32 = hyperactor_mesh::comm::DEFAULT_FANOUT;
+
 impl HostState {
     /// The state of an instance that sends from `mailbox` and logs as `who`.
-    pub(crate) fn new(cluster: Arc<Cluster>, mailbox: Mailbox, who: String) -> Self {
+    pub(crate) fn new(cluster: Arc<Cluster>, mailbox: &Mailbox, who: String) -> Self {
         // Nothing is granted: no preopened directories, no environment, no
         // network. Output goes to the host's stdout and stderr.
         let wasi = WasiCtx::builder().inherit_stdout().inherit_stderr().build();
@@ -184,15 +230,21 @@ impl HostState {
             wasi,
             table,
             limits,
+            caster: Caster::new(mailbox, cluster.sandbox.fanout),
             cluster,
-            mailbox,
             ready: VecDeque::new(),
-            requests: HashMap::new(),
-            replies: FuturesUnordered::new(),
+            pending: HashMap::new(),
             next_request: 1,
             call_timeout,
             who,
+            events: None,
+            spawned: Vec::new(),
         }
+    }
+
+    /// Hands this instance the failures of procs and actors.
+    pub(crate) fn watch(&mut self, events: mpsc::UnboundedReceiver<MeshEvent>) {
+        self.events = Some(events);
     }
 
     fn push<T: Send + 'static>(&mut self, value: T) -> wasmtime::Result<Resource<T>> {
@@ -207,6 +259,142 @@ impl HostState {
 
     fn finish_now(&mut self, id: u64, kind: EventKind) {
         self.ready.push_back(Event { id, kind });
+    }
+
+    /// Sends a request to the ranks at `positions` of `mesh` (all of them
+    /// when `None`) and returns its id.
+    fn start(
+        &mut self,
+        mesh: &ActorMeshHandle,
+        positions: Option<Vec<usize>>,
+        endpoint: String,
+        message: Vec<u8>,
+        mode: Mode,
+    ) -> u64 {
+        let id = self.request_id();
+        let target = mesh.target(positions.as_deref());
+        let chosen = match (&positions, mode) {
+            (Some(p), Mode::Single) if p.len() == 1 => {
+                mesh.in_flight[p[0]].fetch_add(1, Ordering::Relaxed);
+                Some((mesh.in_flight.clone(), p[0]))
+            }
+            _ => None,
+        };
+        let seq = self.caster.cast(
+            &target,
+            &endpoint,
+            message,
+            mode.cast_mode(),
+            self.call_timeout,
+        );
+        self.pending.insert(
+            seq,
+            Pending {
+                id,
+                mode,
+                mesh: mesh.name().to_string(),
+                extent: mesh.extent.clone(),
+                chosen,
+            },
+        );
+        id
+    }
+
+    /// Turns what came back for a cast into the guest's event.
+    fn take_outcome(&mut self, outcome: Outcome) {
+        let seq = match &outcome {
+            Outcome::Done { seq, .. }
+            | Outcome::Item { seq, .. }
+            | Outcome::End { seq }
+            | Outcome::Failed { seq, .. } => *seq,
+        };
+        let finished = matches!(outcome, Outcome::Done { .. } | Outcome::End { .. });
+        let Some(pending) = (if finished {
+            self.pending.remove(&seq)
+        } else {
+            self.pending.get(&seq).map(|p| Pending {
+                id: p.id,
+                mode: p.mode,
+                mesh: p.mesh.clone(),
+                extent: Vec::new(),
+                chosen: None,
+            })
+        }) else {
+            return;
+        };
+        if let Some((counts, index)) = &pending.chosen {
+            counts[*index].fetch_sub(1, Ordering::Relaxed);
+        }
+        let mesh = pending.mesh.as_str();
+        let (id, kind) = match outcome {
+            Outcome::Done { result, .. } => (
+                pending.id,
+                EventKind::Done(match result {
+                    Err((rank, error)) => Err(call_error(mesh, rank, error)),
+                    Ok(mut values) => Ok(match pending.mode {
+                        Mode::Gather => Reply::Gathered(ValueMesh {
+                            extent: pending.extent,
+                            values,
+                        }),
+                        _ => Reply::Single(values.pop().unwrap_or_default()),
+                    }),
+                }),
+            ),
+            Outcome::Item { rank, result, .. } => (
+                pending.id,
+                EventKind::Item((rank, result.map_err(|e| call_error(mesh, rank, e)))),
+            ),
+            Outcome::End { .. } => (pending.id, EventKind::End),
+            Outcome::Failed { rank, error, .. } => (
+                0,
+                EventKind::Failure(failure(mesh, rank, error.to_string())),
+            ),
+        };
+        self.ready.push_back(Event { id, kind });
+    }
+
+    /// Takes a failure of a proc or an actor: casts waiting on a dead proc
+    /// fail its ranks; meshes this instance spawned report a failure event
+    /// per rank lost.
+    fn take_mesh_event(&mut self, event: MeshEvent) {
+        match event {
+            MeshEvent::ProcStopped { proc, reason } => {
+                self.caster.proc_died(&proc, &reason);
+                for base in &self.spawned {
+                    if let Some(at) = base.procs.iter().position(|p| p == &proc) {
+                        let first = at as u32 * base.per_proc;
+                        for rank in first..first + base.per_proc {
+                            let why = format!("proc {proc} {reason}");
+                            self.ready.push_back(Event {
+                                id: 0,
+                                kind: EventKind::Failure(failure(&base.name, rank, why)),
+                            });
+                        }
+                    }
+                }
+            }
+            MeshEvent::ActorFailed { actor, reason } => {
+                let proc = actor.proc_id();
+                let mine = self
+                    .spawned
+                    .iter()
+                    .find(|base| base.name == actor.name() && base.procs.iter().any(|p| p == proc));
+                if let Some(base) = mine {
+                    let name = base.name.clone();
+                    self.ready.push_back(Event {
+                        id: 0,
+                        kind: EventKind::Failure(failure(&name, actor.rank(), reason)),
+                    });
+                }
+            }
+            MeshEvent::Log { .. } => {}
+        }
+    }
+
+    fn drain_mesh_events(&mut self) {
+        while let Some(event) = self.events.as_mut().and_then(|rx| rx.try_recv().ok()) {
+            self.take_mesh_event(event);
+        }
     }
 }
 
@@ -237,16 +425,6 @@ pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
     Ok(linker)
 }
 
-/// How a request treats replies.
-#[derive(Clone, Copy)]
-enum Mode {
-    Gather,
-    Reduce(Reducer),
-    Single,
-    Stream,
-    Broadcast,
-}
-
 fn failure(mesh: &str, rank: u32, reason: String) -> SupervisionFailure {
     SupervisionFailure {
         mesh: mesh.to_string(),
@@ -255,229 +433,12 @@ fn failure(mesh: &str, rank: u32, reason: String) -> SupervisionFailure {
     }
 }
 
-/// One rank's answer as the guest sees it.
-fn outcome(
-    mesh: &str,
-    rank: u32,
-    result: Result<Result<Vec<u8>, String>, hyperactor::CallError>,
-) -> Result<Vec<u8>, CallError> {
-    match result {
-        Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(message)) => Err(CallError::Endpoint((rank, message))),
-        Err(hyperactor::CallError::Timeout(after)) => {
-            Err(CallError::Timeout(after.as_millis() as u64))
-        }
-        Err(hyperactor::CallError::Supervision(event)) => {
-            Err(CallError::Supervision(failure(mesh, rank, event.reason)))
-        }
-        Err(other) => Err(CallError::Supervision(failure(
-            mesh,
-            rank,
-            other.to_string(),
-        ))),
-    }
-}
-
-fn reduce(reducer: Reducer, replies: Vec<(u32, Vec<u8>)>) -> Result<Vec<u8>, CallError> {
-    fn word(rank: u32, bytes: &[u8], what: &str) -> Result<[u8; 8], CallError> {
-        bytes.try_into().map_err(|_| {
-            CallError::Invalid(format!(
-                "rank {rank} replied {} bytes; {what} needs 8",
-                bytes.len()
-            ))
-        })
-    }
-    let ints = |name| -> Result<Vec<i64>, CallError> {
-        replies
-            .iter()
-            .map(|(rank, b)| word(*rank, b, name).map(i64::from_le_bytes))
-            .collect()
-    };
-    let floats = |name| -> Result<Vec<f64>, CallError> {
-        replies
-            .iter()
-            .map(|(rank, b)| word(*rank, b, name).map(f64::from_le_bytes))
-            .collect()
-    };
-    let empty = || CallError::Invalid("nothing to reduce: the mesh is empty".into());
-    Ok(match reducer {
-        Reducer::SumI64 => ints("sum-i64")?
-            .into_iter()
-            .fold(0i64, i64::wrapping_add)
-            .to_le_bytes()
-            .to_vec(),
-        Reducer::MinI64 => ints("min-i64")?
-            .into_iter()
-            .min()
-            .ok_or_else(empty)?
-            .to_le_bytes()
-            .to_vec(),
-        Reducer::MaxI64 => ints("max-i64")?
-            .into_iter()
-            .max()
-            .ok_or_else(empty)?
-            .to_le_bytes()
-            .to_vec(),
-        Reducer::SumF64 => floats("sum-f64")?
-            .into_iter()
-            .sum::<f64>()
-            .to_le_bytes()
-            .to_vec(),
-        Reducer::MinF64 => floats("min-f64")?
-            .into_iter()
-            .reduce(f64::min)
-            .ok_or_else(empty)?
-            .to_le_bytes()
-            .to_vec(),
-        Reducer::MaxF64 => floats("max-f64")?
-            .into_iter()
-            .reduce(f64::max)
-            .ok_or_else(empty)?
-            .to_le_bytes()
-            .to_vec(),
-        Reducer::Concat => replies.into_iter().flat_map(|(_, b)| b).collect(),
-    })
-}
-
-/// One rank's reply as it arrives.
-struct RankDone {
-    id: u64,
-    position: usize,
-    index: usize,
-    rank: u32,
-    result: Result<Result<Vec<u8>, String>, hyperactor::CallError>,
-}
-
-type RankFuture = Pin<Box<dyn Future<Output = RankDone> + Send>>;
-
-/// A request whose replies are still coming.
-struct Request {
-    mode: Mode,
-    mesh: String,
-    extent: Vec<Dim>,
-    remaining: usize,
-    replies: Vec<Option<(u32, Vec<u8>)>>,
-    first_error: Option<(usize, CallError)>,
-    in_flight: Arc<Vec<AtomicUsize>>,
-}
-
-impl HostState {
-    /// Sends a request to `members` of `mesh` now; its replies are gathered
-    /// while the guest waits in `next-events`, on the guest's own task, so
-    /// that a reply wakes the waiting guest directly.
-    fn start(
-        &mut self,
-        mesh: &ActorMeshHandle,
-        members: Vec<(usize, Member)>,
-        endpoint: String,
-        message: Vec<u8>,
-        mode: Mode,
-    ) -> u64 {
-        let id = self.request_id();
-        let timeout = self.call_timeout;
-        for (position, (index, member)) in members.iter().cloned().enumerate() {
-            mesh.in_flight[index].fetch_add(1, Ordering::Relaxed);
-            let actor: ActorRef<WasmActor> = ActorRef::attest(member.actor);
-            let reply = actor.start_call(&self.mailbox, |reply| WasmCall {
-                endpoint: endpoint.clone(),
-                message: message.clone(),
-                reply,
-            });
-            self.replies.push(Box::pin(async move {
-                RankDone {
-                    id,
-                    position,
-                    index,
-                    rank: member.rank,
-                    result: reply.recv_timeout(timeout).await,
-                }
-            }));
-        }
-        let request = Request {
-            mode,
-            mesh: mesh.name.clone(),
-            extent: mesh.extent.clone(),
-            remaining: members.len(),
-            replies: vec![None; members.len()],
-            first_error: None,
-            in_flight: mesh.in_flight.clone(),
-        };
-        if members.is_empty() {
-            self.finish(id, request);
-        } else {
-            self.requests.insert(id, request);
-        }
-        id
-    }
-
-    /// Takes one rank's reply into its request.
-    fn take_reply(&mut self, done: RankDone) {
-        let Some(request) = self.requests.get_mut(&done.id) else {
-            return;
-        };
-        request.in_flight[done.index].fetch_sub(1, Ordering::Relaxed);
-        request.remaining -= 1;
-        let result = outcome(&request.mesh, done.rank, done.result);
-        match (request.mode, result) {
-            (Mode::Stream, item) => {
-                let kind = EventKind::Item((done.rank, item));
-                self.ready.push_back(Event { id: done.id, kind });
-            }
-            (Mode::Broadcast, Err(error)) => {
-                let reason = match error {
-                    CallError::Supervision(f) => f.reason,
-                    CallError::Endpoint((_, message)) => format!("endpoint error: {message}"),
-                    CallError::Timeout(ms) => format!("no reply within {ms} ms"),
-                    CallError::Invalid(message) => message,
-                };
-                let kind = EventKind::Failure(failure(&request.mesh, done.rank, reason));
-                self.ready.push_back(Event { id: 0, kind });
-            }
-            (Mode::Broadcast, Ok(_)) => {}
-            (_, Ok(bytes)) => request.replies[done.position] = Some((done.rank, bytes)),
-            (_, Err(error)) => {
-                if request
-                    .first_error
-                    .as_ref()
-                    .is_none_or(|(p, _)| done.position < *p)
-                {
-                    request.first_error = Some((done.position, error));
-                }
-            }
-        }
-        if request.remaining == 0
-            && let Some(request) = self.requests.remove(&done.id)
-        {
-            self.finish(done.id, request);
-        }
-    }
-
-    /// Queues the final event of a request whose replies are all in.
-    fn finish(&mut self, id: u64, request: Request) {
-        let kind = match request.mode {
-            Mode::Broadcast => return,
-            Mode::Stream => EventKind::End,
-            mode => match request.first_error {
-                Some((_, error)) => EventKind::Done(Err(error)),
-                None => {
-                    let replies: Vec<(u32, Vec<u8>)> =
-                        request.replies.into_iter().flatten().collect();
-                    EventKind::Done(match mode {
-                        Mode::Reduce(reducer) => reduce(reducer, replies).map(Reply::Single),
-                        Mode::Single => replies
-                            .into_iter()
-                            .next()
-                            .map(|(_, bytes)| Reply::Single(bytes))
-                            .ok_or_else(|| CallError::Invalid("no actor to call".into())),
-                        _ => Ok(Reply::Gathered(ValueMesh {
-                            extent: request.extent,
-                            values: replies.into_iter().map(|(_, bytes)| bytes).collect(),
-                        })),
-                    })
-                }
-            },
-        };
-        self.ready.push_back(Event { id, kind });
+fn call_error(mesh: &str, rank: u32, error: RankError) -> CallError {
+    match error {
+        RankError::Endpoint(text) => CallError::Endpoint((rank, text)),
+        RankError::Failed(reason) => CallError::Supervision(failure(mesh, rank, reason)),
+        RankError::Timeout(ms) => CallError::Timeout(ms),
+        RankError::Invalid(reason) => CallError::Invalid(reason),
     }
 }
 
@@ -520,34 +481,43 @@ impl mesh::Host for HostState {
             wasmtime::bail!("the run's deadline passed (--timeout)");
         }
         let until = (now + Duration::from_millis(timeout_ms)).min(self.cluster.deadline);
-        // Poll briefly before sleeping: a reply from an in-process actor
-        // comes within microseconds, and waking a sleeping thread costs more.
+        // Poll briefly before sleeping: a reply from a nearby actor comes
+        // within microseconds, and waking a sleeping thread costs more.
         let spin_until = (now + EVENT_SPIN).min(until);
-        while self.ready.is_empty() && !self.replies.is_empty() {
-            let done = if Instant::now() < spin_until {
-                match self.replies.next().now_or_never() {
-                    Some(done) => done,
-                    None => {
-                        tokio::task::yield_now().await;
-                        continue;
+        loop {
+            self.drain_mesh_events();
+            while let Some(outcome) = self.caster.try_next() {
+                self.take_outcome(outcome);
+                if self.ready.len() >= max {
+                    break;
+                }
+            }
+            if !self.ready.is_empty() {
+                break;
+            }
+            let now = Instant::now();
+            if now >= until {
+                break;
+            }
+            if now < spin_until && !self.caster.is_idle() {
+                tokio::task::yield_now().await;
+                continue;
+            }
+            let busy = !self.caster.is_idle();
+            let events = &mut self.events;
+            tokio::select! {
+                outcome = self.caster.next(), if busy => {
+                    if let Some(outcome) = outcome {
+                        self.take_outcome(outcome);
                     }
                 }
-            } else {
-                match tokio::time::timeout_at(until.into(), self.replies.next()).await {
-                    Ok(done) => done,
-                    Err(_) => break,
-                }
-            };
-            match done {
-                Some(done) => self.take_reply(done),
-                None => break,
-            }
-        }
-        // Take whatever else has already arrived, without waiting.
-        while self.ready.len() < max {
-            match self.replies.next().now_or_never() {
-                Some(Some(done)) => self.take_reply(done),
-                _ => break,
+                Some(event) = async {
+                    match events.as_mut() {
+                        Some(rx) => rx.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => self.take_mesh_event(event),
+                _ = tokio::time::sleep_until(until.into()) => break,
             }
         }
         let count = self.ready.len().min(max);
@@ -585,77 +555,38 @@ impl mesh::HostProcMesh for HostState {
         class: String,
         init: Vec<u8>,
     ) -> wasmtime::Result<Result<Resource<ActorMeshHandle>, String>> {
-        if let Err(e) = hyperactor::id::validate_name(&name) {
-            return Ok(Err(e.to_string()));
+        self.spawn_mesh(this, name, class, init, Vec::new()).await
+    }
+
+    async fn spawn_many(
+        &mut self,
+        this: Resource<ProcMeshHandle>,
+        name: String,
+        class: String,
+        init: Vec<u8>,
+        per_proc: Vec<Dim>,
+    ) -> wasmtime::Result<Result<Resource<ActorMeshHandle>, String>> {
+        if let Err(e) = validate_extent(&per_proc) {
+            return Ok(Err(format!("per-proc extent: {e}")));
         }
-        let (extent, procs) = {
-            let mesh = self.table.get(&this)?;
-            (mesh.extent.clone(), mesh.procs.clone())
-        };
-        let mut handles = Vec::with_capacity(procs.len());
-        for (rank, proc) in procs.iter().enumerate() {
-            let actor = WasmActor::new(
-                self.cluster.clone(),
-                name.clone(),
-                class.clone(),
-                init.clone(),
-                rank as u32,
-                extent.clone(),
-            );
-            match proc.spawn(&name, rank as u32, actor) {
-                Ok(handle) => handles.push(handle),
-                Err(e) => {
-                    for handle in &handles {
-                        handle.stop();
-                    }
-                    return Ok(Err(format!("cannot spawn `{name}`: {e}")));
-                }
-            }
-        }
-        // Every actor runs `create` in parallel; wait for all of them.
-        let started = futures::future::join_all(handles.iter().map(|h| h.started())).await;
-        for (rank, status) in started.into_iter().enumerate() {
-            if let hyperactor::ActorStatus::Failed(event) = status {
-                for handle in &handles {
-                    handle.stop();
-                }
-                return Ok(Err(format!(
-                    "{name}[{rank}] of class `{class}` did not start: {}",
-                    event.reason
-                )));
-            }
-        }
-        let members = handles
-            .iter()
-            .enumerate()
-            .map(|(rank, handle)| Member {
-                actor: handle.actor_id().clone(),
-                rank: rank as u32,
-            })
-            .collect();
-        {
-            let mut actors = lock(&self.cluster.actors);
-            for handle in handles {
-                actors.insert(handle.actor_id().clone(), handle);
-            }
-        }
-        Ok(Ok(self.push(ActorMeshHandle::new(name, extent, members))?))
+        self.spawn_mesh(this, name, class, init, per_proc).await
     }
 
     async fn stop(&mut self, this: Resource<ProcMeshHandle>) -> wasmtime::Result<()> {
-        let procs: Vec<hyperactor::ProcId> = self
-            .table
-            .get(&this)?
-            .procs
+        let procs = self.table.get(&this)?.procs.clone();
+        let meshes: Vec<Arc<MeshBase>> = self
+            .spawned
             .iter()
-            .map(|p| p.id().clone())
-            .collect();
-        let on_procs: Vec<ActorId> = lock(&self.cluster.actors)
-            .keys()
-            .filter(|id| procs.contains(id.proc_id()))
+            .filter(|m| m.procs.iter().any(|p| procs.contains(p)))
             .cloned()
             .collect();
-        self.cluster.stop_actors(on_procs.into_iter());
+        if let Ok(client) = self.cluster.client() {
+            for mesh in meshes {
+                client
+                    .stop_actors(&procs, &mesh.name, Duration::from_secs(5))
+                    .await;
+            }
+        }
         Ok(())
     }
 
@@ -665,9 +596,104 @@ impl mesh::HostProcMesh for HostState {
     }
 }
 
+impl HostState {
+    async fn spawn_mesh(
+        &mut self,
+        this: Resource<ProcMeshHandle>,
+        name: String,
+        class: String,
+        init: Vec<u8>,
+        per_proc: Vec<Dim>,
+    ) -> wasmtime::Result<Result<Resource<ActorMeshHandle>, String>> {
+        if let Err(e) = hyperactor::id::validate_name(&name) {
+            return Ok(Err(e.to_string()));
+        }
+        let (mut extent, procs) = {
+            let mesh = self.table.get(&this)?;
+            (mesh.extent.clone(), mesh.procs.clone())
+        };
+        if per_proc
+            .iter()
+            .any(|d| extent.iter().any(|e| e.name == d.name))
+        {
+            return Ok(Err(
+                "a per-proc dimension has the name of a proc dimension".into()
+            ));
+        }
+        let per = extent_size(&per_proc).max(1) as u32;
+        extent.extend(per_proc);
+        if self
+            .spawned
+            .iter()
+            .any(|m| m.name == name && m.procs.iter().any(|p| procs.contains(p)))
+        {
+            return Ok(Err(format!(
+                "an actor mesh named `{name}` already runs on these procs"
+            )));
+        }
+        let client = match self.cluster.client() {
+            Ok(client) => client.clone(),
+            Err(e) => return Ok(Err(e)),
+        };
+        let program = &self.cluster.program;
+        if let Err(e) = client
+            .put_blob(&program.sha256, program.bytes.clone())
+            .await
+        {
+            return Ok(Err(format!("cannot ship the program to its hosts: {e}")));
+        }
+        let params = WasmSpawnParams {
+            sha256: program.sha256.clone(),
+            class: class.clone(),
+            init,
+            memory_bytes: self.cluster.sandbox.memory_bytes,
+            deadline_ms: self
+                .cluster
+                .deadline
+                .saturating_duration_since(Instant::now())
+                .as_millis() as u64,
+            call_timeout_ms: self.cluster.sandbox.call_timeout.as_millis() as u64,
+            fanout: self.cluster.sandbox.fanout,
+        };
+        let dims: Vec<(String, u32)> = extent.iter().map(|d| (d.name.clone(), d.size)).collect();
+        let timeout = self
+            .cluster
+            .deadline
+            .saturating_duration_since(Instant::now());
+        let spawned = client
+            .spawn_actors(
+                &procs,
+                &ActorSpec {
+                    kind: crate::wasm_actor::WASM_KIND.into(),
+                    name: name.clone(),
+                    extent: dims,
+                    params: params.encode(),
+                    per_proc: per,
+                },
+                timeout,
+            )
+            .await;
+        if let Err(e) = spawned {
+            return Ok(Err(e.replace(
+                "did not start",
+                &format!("of class `{class}` did not start"),
+            )));
+        }
+        let base = Arc::new(MeshBase {
+            name,
+            procs,
+            per_proc: per,
+        });
+        lock(&self.cluster.meshes).push(base.clone());
+        self.spawned.push(base.clone());
+        let ranks = (0..extent_size(&extent) as u32).collect();
+        Ok(Ok(self.push(ActorMeshHandle::new(base, extent, ranks))?))
+    }
+}
+
 impl mesh::HostActorMesh for HostState {
     async fn name(&mut self, this: Resource<ActorMeshHandle>) -> wasmtime::Result<String> {
-        Ok(self.table.get(&this)?.name.clone())
+        Ok(self.table.get(&this)?.name().to_string())
     }
 
     async fn extent(&mut self, this: Resource<ActorMeshHandle>) -> wasmtime::Result<Vec<Dim>> {
@@ -680,9 +706,9 @@ impl mesh::HostActorMesh for HostState {
         dims: Vec<SliceDim>,
     ) -> wasmtime::Result<Result<Resource<ActorMeshHandle>, String>> {
         let mesh = self.table.get(&this)?;
-        match slice(&mesh.extent, &mesh.members, &dims) {
-            Ok((extent, members)) => {
-                let sliced = ActorMeshHandle::new(mesh.name.clone(), extent, members);
+        match slice(&mesh.extent, &mesh.ranks, &dims) {
+            Ok((extent, ranks)) => {
+                let sliced = ActorMeshHandle::new(mesh.base.clone(), extent, ranks);
                 Ok(Ok(self.push(sliced)?))
             }
             Err(e) => Ok(Err(e)),
@@ -696,9 +722,15 @@ impl mesh::HostActorMesh for HostState {
         message: Vec<u8>,
         reduce: Option<Reducer>,
     ) -> wasmtime::Result<u64> {
-        let mode = reduce.map_or(Mode::Gather, Mode::Reduce);
-        self.request(this, endpoint, message, mode, |members| {
-            Ok(members.iter().cloned().enumerate().collect())
+        let mode = match reduce {
+            Some(reducer) => Mode::Reduce(reducer),
+            None => Mode::Gather,
+        };
+        self.request(this, endpoint, message, mode, |mesh| {
+            if mesh.ranks.is_empty() && matches!(mode, Mode::Reduce(_)) {
+                return Err("nothing to reduce: the mesh is empty".into());
+            }
+            Ok(None)
         })
     }
 
@@ -708,13 +740,13 @@ impl mesh::HostActorMesh for HostState {
         endpoint: String,
         message: Vec<u8>,
     ) -> wasmtime::Result<u64> {
-        self.request(this, endpoint, message, Mode::Single, |members| {
-            if members.len() == 1 {
-                Ok(vec![(0, members[0].clone())])
+        self.request(this, endpoint, message, Mode::Single, |mesh| {
+            if mesh.ranks.len() == 1 {
+                Ok(Some(vec![0]))
             } else {
                 Err(format!(
                     "call-one needs a mesh of exactly one actor; this one has {}",
-                    members.len()
+                    mesh.ranks.len()
                 ))
             }
         })
@@ -726,12 +758,11 @@ impl mesh::HostActorMesh for HostState {
         endpoint: String,
         message: Vec<u8>,
     ) -> wasmtime::Result<u64> {
-        let in_flight = self.table.get(&this)?.in_flight.clone();
-        self.request(this, endpoint, message, Mode::Single, move |members| {
-            let index = (0..members.len())
-                .min_by_key(|&i| in_flight[i].load(Ordering::Relaxed))
+        self.request(this, endpoint, message, Mode::Single, |mesh| {
+            let index = (0..mesh.ranks.len())
+                .min_by_key(|&i| mesh.in_flight[i].load(Ordering::Relaxed))
                 .ok_or_else(|| "choose needs a mesh with at least one actor".to_string())?;
-            Ok(vec![(index, members[index].clone())])
+            Ok(Some(vec![index]))
         })
     }
 
@@ -741,8 +772,11 @@ impl mesh::HostActorMesh for HostState {
         endpoint: String,
         message: Vec<u8>,
     ) -> wasmtime::Result<u64> {
-        self.request(this, endpoint, message, Mode::Stream, |members| {
-            Ok(members.iter().cloned().enumerate().collect())
+        self.request(this, endpoint, message, Mode::Stream, |mesh| {
+            if mesh.ranks.is_empty() {
+                return Err("stream needs a mesh with at least one actor".into());
+            }
+            Ok(None)
         })
     }
 
@@ -752,21 +786,17 @@ impl mesh::HostActorMesh for HostState {
         endpoint: String,
         message: Vec<u8>,
     ) -> wasmtime::Result<()> {
-        self.request(this, endpoint, message, Mode::Broadcast, |members| {
-            Ok(members.iter().cloned().enumerate().collect())
-        })?;
+        self.request(this, endpoint, message, Mode::Broadcast, |_| Ok(None))?;
         Ok(())
     }
 
     async fn stop(&mut self, this: Resource<ActorMeshHandle>) -> wasmtime::Result<()> {
-        let ids: Vec<ActorId> = self
-            .table
-            .get(&this)?
-            .members
-            .iter()
-            .map(|m| m.actor.clone())
-            .collect();
-        self.cluster.stop_actors(ids.into_iter());
+        let base = self.table.get(&this)?.base.clone();
+        if let Ok(client) = self.cluster.client() {
+            client
+                .stop_actors(&base.procs, &base.name, Duration::from_secs(5))
+                .await;
+        }
         Ok(())
     }
 
@@ -797,11 +827,11 @@ impl HostState {
         endpoint: String,
         message: Vec<u8>,
         mode: Mode,
-        select: impl FnOnce(&[Member]) -> Result<Vec<(usize, Member)>, String>,
+        select: impl FnOnce(&ActorMeshHandle) -> Result<Option<Vec<usize>>, String>,
     ) -> wasmtime::Result<u64> {
         let mesh = self.table.get(&this)?.clone();
-        match select(&mesh.members) {
-            Ok(members) => Ok(self.start(&mesh, members, endpoint, message, mode)),
+        match select(&mesh) {
+            Ok(positions) => Ok(self.start(&mesh, positions, endpoint, message, mode)),
             Err(reason) => {
                 let id = self.request_id();
                 self.finish_now(id, EventKind::Done(Err(CallError::Invalid(reason))));

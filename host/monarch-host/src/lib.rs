@@ -9,11 +9,12 @@
 //!    engine's compatibility hash;
 //! 2. instantiates it as the controller and calls its `run` export
 //!    ([`run_program`]), on one task that owns the controller's store;
-//! 3. answers the controller's `mesh` imports ([`host`]): procs are
-//!    hyperactor procs in this process, and every actor of a mesh is its own
-//!    instance of the same component, inside a hyperactor actor
-//!    ([`wasm_actor`]); calls become hyperactor calls whose replies arrive as
-//!    events in the caller's event queue.
+//! 3. answers the controller's `mesh` imports ([`host`]) through the mesh
+//!    layer (`hyperactor-mesh`): procs are child processes (or procs in this
+//!    process), every actor of a mesh is its own instance of the same
+//!    component, inside a hyperactor actor ([`wasm_actor`]) on its proc,
+//!    and calls are casts down a multicast tree whose folded replies
+//!    arrive as events in the caller's event queue.
 //!
 //! The sandbox grants nothing the operator did not: no preopened
 //! directories, no environment, no sockets; a memory cap per instance; and
@@ -28,5 +29,5 @@ pub mod wasm_actor;
 
 mod run;
 
-pub use engine::{LoadError, Loaded, Sandbox};
+pub use engine::{LoadError, Loaded, Placement, Sandbox};
 pub use run::{RunError, run_program};

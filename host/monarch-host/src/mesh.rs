@@ -7,52 +7,85 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 
-use hyperactor::{ActorId, Proc};
+use hyperactor::ProcId;
+use hyperactor_mesh::CastTarget;
 
 use crate::bindings::{Dim, Selector, SliceDim};
 
 /// A proc mesh: procs in an extent.
 pub struct ProcMeshHandle {
     pub(crate) extent: Vec<Dim>,
-    pub(crate) procs: Vec<Proc>,
+    pub(crate) procs: Vec<ProcId>,
 }
 
-/// One actor of an actor mesh.
-#[derive(Debug, Clone)]
-pub struct Member {
-    /// The actor.
-    pub actor: ActorId,
-    /// Its rank in the mesh it was spawned as.
-    pub rank: u32,
+/// An actor mesh as spawned: its procs in order, and how many actors each
+/// proc holds (rank `r` lives on proc `r / per_proc`).
+#[derive(Debug)]
+pub struct MeshBase {
+    pub(crate) name: String,
+    pub(crate) procs: Vec<ProcId>,
+    pub(crate) per_proc: u32,
 }
 
 /// An actor mesh, or a slice of one.
 #[derive(Clone)]
 pub struct ActorMeshHandle {
-    pub(crate) name: String,
+    pub(crate) base: Arc<MeshBase>,
     pub(crate) extent: Vec<Dim>,
-    pub(crate) members: Vec<Member>,
-    /// Calls in flight per member, for `choose`.
+    /// The ranks in the mesh as spawned, in this view's row-major order.
+    pub(crate) ranks: Vec<u32>,
+    /// Calls in flight per rank of this view, for `choose`.
     pub(crate) in_flight: Arc<Vec<AtomicUsize>>,
 }
 
 impl ActorMeshHandle {
-    pub(crate) fn new(name: String, extent: Vec<Dim>, members: Vec<Member>) -> Self {
-        let in_flight = Arc::new(members.iter().map(|_| AtomicUsize::new(0)).collect());
+    pub(crate) fn new(base: Arc<MeshBase>, extent: Vec<Dim>, ranks: Vec<u32>) -> Self {
+        let in_flight = Arc::new(ranks.iter().map(|_| AtomicUsize::new(0)).collect());
         ActorMeshHandle {
-            name,
+            base,
             extent,
-            members,
+            ranks,
             in_flight,
+        }
+    }
+
+    /// The mesh's name.
+    pub fn name(&self) -> &str {
+        &self.base.name
+    }
+
+    /// Where a cast to the ranks at `positions` of this view goes (all of
+    /// them when `None`): every proc of the mesh, in order, so that the
+    /// tree does not depend on the selection (CA-1).
+    pub(crate) fn target(&self, positions: Option<&[usize]>) -> CastTarget {
+        let mut ranks: Vec<Vec<u32>> = vec![Vec::new(); self.base.procs.len()];
+        let mut add = |rank: u32| {
+            if let Some(on) = ranks.get_mut((rank / self.base.per_proc.max(1)) as usize) {
+                on.push(rank);
+            }
+        };
+        match positions {
+            None => self.ranks.iter().copied().for_each(&mut add),
+            Some(positions) => positions
+                .iter()
+                .filter_map(|&p| self.ranks.get(p).copied())
+                .for_each(&mut add),
+        }
+        CastTarget {
+            mesh: self.base.name.clone(),
+            procs: self.base.procs.clone(),
+            ranks,
         }
     }
 
     /// A reference that can travel inside a payload.
     pub(crate) fn to_ref(&self) -> Vec<u8> {
         let value = serde_json::json!({
-            "name": self.name,
+            "name": self.base.name,
+            "procs": self.base.procs.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+            "per_proc": self.base.per_proc,
             "extent": self.extent.iter().map(|d| (d.name.clone(), d.size)).collect::<Vec<_>>(),
-            "members": self.members.iter().map(|m| (m.actor.to_string(), m.rank)).collect::<Vec<_>>(),
+            "ranks": self.ranks,
         });
         value.to_string().into_bytes()
     }
@@ -62,29 +95,41 @@ impl ActorMeshHandle {
         #[derive(serde::Deserialize)]
         struct Wire {
             name: String,
+            procs: Vec<String>,
+            per_proc: u32,
             extent: Vec<(String, u32)>,
-            members: Vec<(String, u32)>,
+            ranks: Vec<u32>,
         }
         let wire: Wire = serde_json::from_slice(bytes)
             .map_err(|e| format!("not an actor mesh reference: {e}"))?;
+        hyperactor::id::validate_name(&wire.name)
+            .map_err(|e| format!("actor mesh reference: {e}"))?;
         let extent: Vec<Dim> = wire
             .extent
             .into_iter()
             .map(|(name, size)| Dim { name, size })
             .collect();
-        if extent_size(&extent) != wire.members.len() {
-            return Err("actor mesh reference: extent and members disagree".into());
+        if extent_size(&extent) != wire.ranks.len() || wire.per_proc == 0 {
+            return Err("actor mesh reference: extent and ranks disagree".into());
         }
-        let members = wire
-            .members
-            .into_iter()
-            .map(|(id, rank)| {
-                id.parse::<ActorId>()
-                    .map(|actor| Member { actor, rank })
+        let procs = wire
+            .procs
+            .iter()
+            .map(|p| {
+                p.parse::<ProcId>()
                     .map_err(|e| format!("actor mesh reference: {e}"))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(ActorMeshHandle::new(wire.name, extent, members))
+        let limit = procs.len() as u64 * wire.per_proc as u64;
+        if wire.ranks.iter().any(|&r| r as u64 >= limit) {
+            return Err("actor mesh reference: a rank is outside the mesh".into());
+        }
+        let base = Arc::new(MeshBase {
+            name: wire.name,
+            procs,
+            per_proc: wire.per_proc,
+        });
+        Ok(ActorMeshHandle::new(base, extent, wire.ranks))
     }
 }
 
@@ -269,17 +314,18 @@ mod tests {
 
     #[test]
     fn refs_round_trip_and_garbage_is_refused() {
-        let proc: hyperactor::ProcId = "local:x,p".parse().unwrap();
-        let members = (0..2)
-            .map(|rank| Member {
-                actor: proc.actor_id("greeter", rank).unwrap(),
-                rank,
-            })
-            .collect();
-        let mesh = ActorMeshHandle::new("greeter".into(), dims(&[("gpus", 2)]), members);
+        let proc: ProcId = "local:x,p".parse().unwrap();
+        let base = Arc::new(MeshBase {
+            name: "greeter".into(),
+            procs: vec![proc.clone(), proc],
+            per_proc: 2,
+        });
+        let mesh = ActorMeshHandle::new(base, dims(&[("gpus", 2)]), vec![1, 3]);
         let back = ActorMeshHandle::from_ref(&mesh.to_ref()).unwrap();
-        assert_eq!(back.name, "greeter");
-        assert_eq!(back.members[1].actor, mesh.members[1].actor);
+        assert_eq!(back.name(), "greeter");
+        assert_eq!(back.ranks, vec![1, 3]);
+        let target = back.target(Some(&[1]));
+        assert_eq!(target.ranks, vec![vec![], vec![3]]);
         assert!(ActorMeshHandle::from_ref(b"nonsense").is_err());
     }
 }

@@ -1,12 +1,18 @@
 //! Running a program: the controller's store on one task, until `run`
 //! returns, traps, or the deadline passes.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
+use hyperactor_mesh::agent::Registry;
+use hyperactor_mesh::alloc::{Allocator, BootstrapCommand, InProcessAllocator, LocalAllocator};
+use hyperactor_mesh::client::MeshClient;
+
 use crate::bindings::{Program, ProgramPre};
-use crate::engine::{self, LoadError, Sandbox};
-use crate::host::{Cluster, HostState, LogSink, linker, new_store};
+use crate::engine::{self, LoadError, Placement, Sandbox};
+use crate::host::{Cluster, HostState, LogSink, ProgramBytes, linker, new_store};
 
 /// Why a run failed.
 #[derive(Debug, thiserror::Error)]
@@ -67,15 +73,22 @@ pub async fn run_program(
         .map_err(wrong_world)?;
     let pre = ProgramPre::new(pre).map_err(wrong_world)?;
     let deadline = sandbox.deadline;
-    let cluster = Cluster::new(engine, pre, sandbox, log);
-    let proc = cluster
-        .controller_proc()
+    let program = ProgramBytes {
+        sha256: loaded.sha256.clone(),
+        bytes: Arc::new(std::fs::read(path).map_err(|source| LoadError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?),
+    };
+    let placement = sandbox.placement.clone();
+    let cluster = Cluster::new(engine, pre, sandbox, log.clone(), program, None);
+    let client = start_client(&cluster, &placement, log)
         .await
-        .map_err(|e| RunError::Host(format!("{e:#}")))?;
-    let (mailbox, _undeliverable) = proc
-        .attach("main")
-        .map_err(|e| RunError::Host(e.to_string()))?;
-    let state = HostState::new(cluster.clone(), mailbox, "controller".into());
+        .map_err(RunError::Host)?;
+    cluster.set_client(client.clone());
+    let mailbox = client.mailbox().clone();
+    let mut state = HostState::new(cluster.clone(), &mailbox, "controller".into());
+    state.watch(client.subscribe());
     let mut store = new_store(&cluster, state);
     let outcome = tokio::time::timeout(deadline, async {
         let program: Program = cluster
@@ -91,7 +104,53 @@ pub async fn run_program(
     })
     .await
     .unwrap_or(Err(RunError::Timeout(deadline)));
-    cluster.stop_all();
     drop(store);
+    cluster.stop_all().await;
     outcome
+}
+
+/// The mesh client of a run: its allocator, and the controller's proc at
+/// an address its procs can reach.
+async fn start_client(
+    cluster: &Arc<Cluster>,
+    placement: &Placement,
+    log: LogSink,
+) -> Result<Arc<MeshClient>, String> {
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    let run = format!(
+        "run{}-{}",
+        std::process::id(),
+        RUNS.fetch_add(1, Ordering::Relaxed)
+    );
+    let blob_dir = blob_dir();
+    let (addr, allocator): (String, Arc<dyn Allocator>) = match placement {
+        Placement::InProcess => (
+            format!("local:{run}"),
+            Arc::new(InProcessAllocator::new(Arc::new(
+                crate::wasm_actor::registry(blob_dir, Some(cluster.clone())),
+            ))),
+        ),
+        Placement::Local { program } => {
+            let command = BootstrapCommand {
+                program: program.clone(),
+                args: vec!["bootstrap".into()],
+            };
+            let allocator = LocalAllocator::new(command, Arc::new(Registry::new(blob_dir)))
+                .map_err(|e| format!("cannot prepare child procs: {e}"))?;
+            let socket = std::env::temp_dir().join(format!("monarch-{run}.sock"));
+            (format!("unix:{}", socket.display()), Arc::new(allocator))
+        }
+    };
+    let addr = addr.parse().map_err(|e| format!("{e}"))?;
+    MeshClient::new(addr, allocator, log)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Where this host keeps blobs: beside the compile cache, or in the
+/// temporary directory.
+pub(crate) fn blob_dir() -> PathBuf {
+    engine::cache_dir()
+        .unwrap_or_else(|| std::env::temp_dir().join("monarch-host"))
+        .join("blobs")
 }

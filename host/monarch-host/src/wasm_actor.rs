@@ -1,31 +1,57 @@
 //! A Wasm actor: one instance of the program component inside a hyperactor
-//! actor.
+//! actor, on any proc of a mesh.
 //!
-//! The instance is made in the actor's `init` (so the actors of a mesh are
-//! instantiated in parallel, each on its proc), which also calls the
-//! component's `create`. Each [`WasmCall`] runs the component's `handle`.
-//! An endpoint error is a reply; a trap fails the actor, and hyperactor's
-//! supervision turns it into a failure for every pending caller.
+//! Actors are spawned by the proc agent of their proc through the `wasm`
+//! actor factory ([`registry`]): its parameters name the program by sha256,
+//! and the factory finds the compiled program in this process, or loads it
+//! from the host's blob store through the compile cache (so a host
+//! compiles a program once, and its procs deserialize it). The instance is
+//! made in the actor's `init`, which also calls the component's `create`.
+//! Each [`MeshCall`] runs the component's `handle`. An endpoint error is a
+//! reply; a trap fails the actor, and hyperactor's supervision turns it
+//! into a failure for every pending caller.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use anyhow::anyhow;
-use hyperactor::{Actor, Context, Exports, Handler, OncePortRef};
+use hyperactor::{Actor, Context, Exports, Handler, Mailbox, PortRef};
+use hyperactor_mesh::MeshCall;
+use hyperactor_mesh::agent::{MeshEvent, Registry, SpawnArgs, SpawnedActor, blob_path};
+use tokio::sync::OnceCell;
 use wasmtime::Store;
 
-use crate::bindings::{Dim, Program};
-use crate::host::{Cluster, HostState, new_store};
+use crate::bindings::{Dim, Program, ProgramPre};
+use crate::engine::{self, Sandbox};
+use crate::host::{Cluster, HostState, LogSink, ProgramBytes, linker, new_store};
 
-/// A message to one endpoint of a Wasm actor; the reply is the endpoint's
-/// result: its bytes, or its error text.
-#[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
-pub struct WasmCall {
-    /// The endpoint's name.
-    pub endpoint: String,
-    /// The message bytes.
-    pub message: Vec<u8>,
-    /// Where the result goes.
-    pub reply: OncePortRef<Result<Vec<u8>, String>>,
+/// The actor kind of Wasm actors in a [`Registry`].
+pub const WASM_KIND: &str = "wasm";
+
+/// What the `wasm` factory needs to make one actor.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct WasmSpawnParams {
+    /// The program's sha256.
+    pub sha256: String,
+    /// The actor class.
+    pub class: String,
+    /// The bytes for `create`.
+    pub init: Vec<u8>,
+    /// Linear memory per instance.
+    pub memory_bytes: usize,
+    /// How long the run has left, in milliseconds.
+    pub deadline_ms: u64,
+    /// The default call timeout of the actor's own requests.
+    pub call_timeout_ms: u64,
+    /// The fan-out of the actor's casts.
+    pub fanout: u32,
+}
+
+impl WasmSpawnParams {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
 }
 
 /// A Wasm actor; see the module docs.
@@ -39,36 +65,15 @@ pub struct WasmActor {
     instance: Option<(Store<HostState>, Program)>,
 }
 
-impl WasmActor {
-    pub(crate) fn new(
-        cluster: Arc<Cluster>,
-        mesh: String,
-        class: String,
-        init: Vec<u8>,
-        rank: u32,
-        extent: Vec<Dim>,
-    ) -> Self {
-        WasmActor {
-            cluster,
-            mesh,
-            class,
-            init,
-            rank,
-            extent,
-            instance: None,
-        }
-    }
-}
-
 impl Actor for WasmActor {
     fn exports(exports: &mut Exports<Self>) {
-        exports.handle::<WasmCall>();
+        exports.handle::<MeshCall>();
     }
 
     async fn init(&mut self, cx: &Context<Self>) -> anyhow::Result<()> {
         let who = format!("{}[{}]", self.mesh, self.rank);
-        let mailbox: hyperactor::Mailbox = (**cx).clone();
-        let state = HostState::new(self.cluster.clone(), mailbox, who);
+        let mailbox: Mailbox = (**cx).clone();
+        let state = HostState::new(self.cluster.clone(), &mailbox, who);
         let mut store = new_store(&self.cluster, state);
         let program = self
             .cluster
@@ -90,8 +95,8 @@ impl Actor for WasmActor {
     }
 }
 
-impl Handler<WasmCall> for WasmActor {
-    async fn handle(&mut self, cx: &Context<Self>, call: WasmCall) -> anyhow::Result<()> {
+impl Handler<MeshCall> for WasmActor {
+    async fn handle(&mut self, cx: &Context<Self>, call: MeshCall) -> anyhow::Result<()> {
         let (store, program) = self
             .instance
             .as_mut()
@@ -129,4 +134,132 @@ pub(crate) fn trap_reason(error: &wasmtime::Error) -> String {
         // cause says why; the outer layers are the backtrace.
         None => error.root_cause().to_string(),
     }
+}
+
+/// The programs this process has compiled, by sha256.
+type Programs = Arc<Mutex<HashMap<String, Arc<OnceCell<Arc<Cluster>>>>>>;
+
+/// A registry with the `wasm` kind, keeping blobs in `blob_dir`. `known`
+/// is a program this process already runs (the controller's), so that
+/// actors in this process share its compiled form.
+pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Registry {
+    let programs: Programs = Arc::default();
+    if let Some(cluster) = known {
+        let cell = OnceCell::new_with(Some(cluster.clone()));
+        programs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(cluster.program.sha256.clone(), Arc::new(cell));
+    }
+    let mut registry = Registry::new(blob_dir);
+    registry.register(
+        WASM_KIND,
+        Arc::new(move |args: SpawnArgs| {
+            let programs = programs.clone();
+            Box::pin(async move {
+                let params: WasmSpawnParams = serde_json::from_slice(&args.params)
+                    .map_err(|e| format!("bad wasm spawn parameters: {e}"))?;
+                let cell = programs
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(params.sha256.clone())
+                    .or_default()
+                    .clone();
+                let cluster = cell
+                    .get_or_try_init(|| load_program(&args, &params))
+                    .await?
+                    .clone();
+                let actor = WasmActor {
+                    cluster,
+                    mesh: args.name.clone(),
+                    class: params.class,
+                    init: params.init,
+                    rank: args.rank,
+                    extent: args
+                        .extent
+                        .iter()
+                        .map(|(name, size)| Dim {
+                            name: name.clone(),
+                            size: *size,
+                        })
+                        .collect(),
+                    instance: None,
+                };
+                SpawnedActor::start(&args, actor).await
+            })
+        }),
+    );
+    // A host compiles a program when it arrives, once for all its procs.
+    registry.on_blob(Arc::new(|path| {
+        let engine = worker_engine(256 << 20)?;
+        engine::load(&engine, path)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }));
+    registry
+}
+
+/// This process's engine for programs it did not start itself.
+fn worker_engine(memory_bytes: usize) -> Result<wasmtime::Engine, String> {
+    static ENGINE: OnceLock<Result<wasmtime::Engine, String>> = OnceLock::new();
+    ENGINE
+        .get_or_init(|| {
+            let engine = engine::new_engine(memory_bytes).map_err(|e| format!("{e:#}"))?;
+            engine::start_epoch_ticker(&engine);
+            Ok(engine)
+        })
+        .clone()
+}
+
+/// Loads a program from the host's blob store, through the compile cache.
+async fn load_program(args: &SpawnArgs, params: &WasmSpawnParams) -> Result<Arc<Cluster>, String> {
+    let path = blob_path(&args.blob_dir, &params.sha256)?;
+    let engine = worker_engine(params.memory_bytes)?;
+    let loaded = {
+        let (engine, path) = (engine.clone(), path.clone());
+        tokio::task::spawn_blocking(move || engine::load(&engine, &path))
+            .await
+            .map_err(|e| format!("loading the program panicked: {e}"))?
+            .map_err(|e| e.to_string())?
+    };
+    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let linker = linker(&engine).map_err(|e| format!("{e:#}"))?;
+    let pre = linker
+        .instantiate_pre(&loaded.component)
+        .and_then(ProgramPre::new)
+        .map_err(|e| format!("the program does not fit this host: {e:#}"))?;
+    let sandbox = Sandbox {
+        memory_bytes: params.memory_bytes,
+        deadline: Duration::from_millis(params.deadline_ms),
+        call_timeout: Duration::from_millis(params.call_timeout_ms),
+        max_procs: 0,
+        fanout: params.fanout,
+        ..Sandbox::default()
+    };
+    Ok(Cluster::new(
+        engine,
+        pre,
+        sandbox,
+        log_to(&args.proc, args.events.clone())?,
+        ProgramBytes {
+            sha256: params.sha256.clone(),
+            bytes: Arc::new(bytes),
+        },
+        None,
+    ))
+}
+
+/// A log sink that sends each line to the controller.
+fn log_to(proc: &hyperactor::Proc, events: PortRef<MeshEvent>) -> Result<LogSink, String> {
+    let (mailbox, _undeliverable) = proc
+        .attach("log")
+        .map_err(|e| format!("cannot attach the log mailbox: {e}"))?;
+    Ok(Arc::new(move |line: &str| {
+        events.send(
+            &mailbox,
+            MeshEvent::Log {
+                line: line.to_string(),
+            },
+        )
+    }))
 }

@@ -1,0 +1,393 @@
+//! The proc agent: the actor in every proc of a mesh that spawns and stops
+//! the mesh's actors, keeps content-addressed blobs, and reports failures
+//! to the controller.
+//!
+//! What an actor *is* stays outside this crate: the binary registers actor
+//! factories by kind in a [`Registry`] (monarch-host registers `wasm`), and
+//! a spawn request names the kind and carries the factory's parameters as
+//! bytes.
+//!
+//! - PA-1: a spawn request spawns every rank it names or none: if one fails
+//!   to start, the others are stopped and the error names the rank.
+//! - PA-2: a blob is stored under the sha256 of its bytes, and only if the
+//!   bytes match the name they were sent under.
+//! - PA-3: every root actor of the proc that fails is reported to the
+//!   controller as [`MeshEvent::ActorFailed`].
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+
+use hyperactor::{
+    Actor, ActorHandle, ActorId, ActorStatus, Context, Exports, Handler, OncePortRef, PortRef,
+    Proc, ProcError, ProcId,
+};
+use sha2::{Digest, Sha256};
+
+use crate::comm::{COMM_ACTOR, CommActor};
+
+/// The name of the proc agent in every proc of a mesh.
+pub const AGENT_ACTOR: &str = "agent";
+
+/// What the controller hears from its procs.
+#[derive(Debug, Clone, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub enum MeshEvent {
+    /// An actor failed (PA-3).
+    ActorFailed {
+        /// The actor.
+        actor: ActorId,
+        /// Why.
+        reason: String,
+    },
+    /// A proc ended: its exit status or signal, or it was lost.
+    ProcStopped {
+        /// The proc.
+        proc: ProcId,
+        /// Why.
+        reason: String,
+    },
+    /// A log line of an actor.
+    Log {
+        /// The line, prefixed with the actor's mesh and rank.
+        line: String,
+    },
+}
+
+/// The parameters of one actor to spawn.
+#[derive(Clone)]
+pub struct SpawnArgs {
+    /// The proc to spawn on.
+    pub proc: Proc,
+    /// The mesh's name; the actor is `name[rank]`.
+    pub name: String,
+    /// The actor's rank in the mesh.
+    pub rank: u32,
+    /// The mesh's extent: dimension names and sizes.
+    pub extent: Vec<(String, u32)>,
+    /// The factory's parameters.
+    pub params: Arc<Vec<u8>>,
+    /// Where this host keeps blobs.
+    pub blob_dir: PathBuf,
+    /// Where the controller hears of failures and logs.
+    pub events: PortRef<MeshEvent>,
+}
+
+/// A spawned, started actor, as the agent keeps it.
+pub struct SpawnedActor {
+    id: ActorId,
+    stop: Box<dyn Fn() + Send + Sync>,
+    join: Box<dyn Fn() -> BoxFuture<ActorStatus> + Send + Sync>,
+}
+
+/// A boxed future.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl SpawnedActor {
+    /// Spawns `actor` as `args.name[args.rank]` and waits until its `init`
+    /// has run; a failed `init` is the error.
+    pub async fn start<A: Actor>(args: &SpawnArgs, actor: A) -> Result<SpawnedActor, String> {
+        let handle: ActorHandle<A> = args
+            .proc
+            .spawn(&args.name, args.rank, actor)
+            .map_err(|e: ProcError| e.to_string())?;
+        match handle.started().await {
+            ActorStatus::Failed(event) => Err(event.reason),
+            ActorStatus::Stopped => Err("stopped before it started".into()),
+            _ => {
+                let (stopper, joiner) = (handle.clone(), handle.clone());
+                Ok(SpawnedActor {
+                    id: handle.actor_id().clone(),
+                    stop: Box::new(move || stopper.stop()),
+                    join: Box::new(move || {
+                        let joiner = joiner.clone();
+                        Box::pin(async move { joiner.join().await })
+                    }),
+                })
+            }
+        }
+    }
+
+    /// The actor's id.
+    pub fn id(&self) -> &ActorId {
+        &self.id
+    }
+}
+
+/// Makes actors of one kind.
+pub type Factory = Arc<dyn Fn(SpawnArgs) -> BoxFuture<Result<SpawnedActor, String>> + Send + Sync>;
+
+/// Runs when a blob arrives on a host, say to compile it once for every
+/// proc of the host.
+pub type BlobHook = Arc<dyn Fn(&Path) -> Result<(), String> + Send + Sync>;
+
+/// The actor kinds a process can spawn, and where its host keeps blobs.
+#[derive(Clone)]
+pub struct Registry {
+    factories: HashMap<String, Factory>,
+    blob_dir: PathBuf,
+    blob_hook: Option<BlobHook>,
+}
+
+impl Registry {
+    /// A registry with no kinds, keeping blobs in `blob_dir`.
+    pub fn new(blob_dir: PathBuf) -> Registry {
+        Registry {
+            factories: HashMap::new(),
+            blob_dir,
+            blob_hook: None,
+        }
+    }
+
+    /// Registers the factory of actors of `kind`.
+    pub fn register(&mut self, kind: &str, factory: Factory) -> &mut Self {
+        self.factories.insert(kind.to_string(), factory);
+        self
+    }
+
+    /// Sets what runs when a blob arrives.
+    pub fn on_blob(&mut self, hook: BlobHook) -> &mut Self {
+        self.blob_hook = Some(hook);
+        self
+    }
+
+    /// Where blobs are kept.
+    pub fn blob_dir(&self) -> &Path {
+        &self.blob_dir
+    }
+
+    /// Stores `bytes` as the blob `sha256` (PA-2), unless it is there.
+    pub fn put_blob(&self, sha256: &str, bytes: &[u8]) -> Result<PathBuf, String> {
+        let path = blob_path(&self.blob_dir, sha256)?;
+        if !path.exists() {
+            let actual = hex(&Sha256::digest(bytes));
+            if actual != sha256 {
+                return Err(format!("blob named {sha256} has sha256 {actual}"));
+            }
+            std::fs::create_dir_all(&self.blob_dir)
+                .map_err(|e| format!("cannot create {}: {e}", self.blob_dir.display()))?;
+            let partial = path.with_extension(format!("partial-{}", std::process::id()));
+            std::fs::write(&partial, bytes)
+                .and_then(|()| std::fs::rename(&partial, &path))
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        }
+        if let Some(hook) = &self.blob_hook {
+            hook(&path)?;
+        }
+        Ok(path)
+    }
+}
+
+/// The sha256 of `bytes`, hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+/// Where the blob `sha256` lives in `dir`; refuses names that are not a
+/// sha256, so that no request names another path.
+pub fn blob_path(dir: &Path, sha256: &str) -> Result<PathBuf, String> {
+    if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!("`{sha256}` is not a sha256"));
+    }
+    Ok(dir.join(format!("{sha256}.blob")))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Spawns actors of a mesh on this proc (PA-1).
+#[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct SpawnActors {
+    /// The factory's kind.
+    pub kind: String,
+    /// The mesh's name.
+    pub name: String,
+    /// The ranks to spawn here.
+    pub ranks: Vec<u32>,
+    /// The mesh's extent.
+    pub extent: Vec<(String, u32)>,
+    /// The factory's parameters.
+    pub params: Vec<u8>,
+    /// Ok once every rank has started.
+    pub reply: OncePortRef<Result<(), String>>,
+}
+
+/// Stops the actors of a mesh on this proc, and waits until they end.
+#[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct StopActors {
+    /// The mesh's name.
+    pub name: String,
+    /// Answered when they have ended.
+    pub reply: OncePortRef<()>,
+}
+
+/// Stores a blob on this proc's host.
+#[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct PutBlob {
+    /// The sha256 of the bytes, hex.
+    pub sha256: String,
+    /// The bytes.
+    pub bytes: Vec<u8>,
+    /// Ok once stored (and prepared, see [`Registry::on_blob`]).
+    pub reply: OncePortRef<Result<(), String>>,
+}
+
+/// The proc agent; see the module docs.
+pub struct ProcAgent {
+    registry: Arc<Registry>,
+    events: PortRef<MeshEvent>,
+    meshes: HashMap<String, Vec<SpawnedActor>>,
+}
+
+impl ProcAgent {
+    /// An agent that spawns from `registry` and reports to `events`.
+    pub fn new(registry: Arc<Registry>, events: PortRef<MeshEvent>) -> Self {
+        ProcAgent {
+            registry,
+            events,
+            meshes: HashMap::new(),
+        }
+    }
+}
+
+impl Actor for ProcAgent {
+    fn exports(exports: &mut Exports<Self>) {
+        exports
+            .handle::<SpawnActors>()
+            .handle::<StopActors>()
+            .handle::<PutBlob>();
+    }
+}
+
+impl Handler<SpawnActors> for ProcAgent {
+    async fn handle(&mut self, cx: &Context<Self>, request: SpawnActors) -> anyhow::Result<()> {
+        let Some(factory) = self.registry.factories.get(&request.kind).cloned() else {
+            request.reply.send(
+                cx,
+                Err(format!(
+                    "this proc cannot spawn actors of kind `{}`",
+                    request.kind
+                )),
+            );
+            return Ok(());
+        };
+        let params = Arc::new(request.params);
+        let spawns = request.ranks.iter().map(|&rank| {
+            factory(SpawnArgs {
+                proc: cx.proc().clone(),
+                name: request.name.clone(),
+                rank,
+                extent: request.extent.clone(),
+                params: params.clone(),
+                blob_dir: self.registry.blob_dir.clone(),
+                events: self.events.clone(),
+            })
+        });
+        let results = futures::future::join_all(spawns).await;
+        let mut spawned = Vec::with_capacity(results.len());
+        let mut first_error = None;
+        for (rank, result) in request.ranks.iter().zip(results) {
+            match result {
+                Ok(actor) => spawned.push(actor),
+                Err(e) if first_error.is_none() => {
+                    first_error = Some(format!("{}[{rank}] did not start: {e}", request.name))
+                }
+                Err(_) => {}
+            }
+        }
+        if let Some(error) = first_error {
+            for actor in &spawned {
+                (actor.stop)();
+            }
+            request.reply.send(cx, Err(error));
+            return Ok(());
+        }
+        self.meshes
+            .entry(request.name.clone())
+            .or_default()
+            .extend(spawned);
+        request.reply.send(cx, Ok(()));
+        Ok(())
+    }
+}
+
+impl Handler<StopActors> for ProcAgent {
+    async fn handle(&mut self, cx: &Context<Self>, request: StopActors) -> anyhow::Result<()> {
+        let actors = self.meshes.remove(&request.name).unwrap_or_default();
+        for actor in &actors {
+            (actor.stop)();
+        }
+        futures::future::join_all(actors.iter().map(|a| (a.join)())).await;
+        request.reply.send(cx, ());
+        Ok(())
+    }
+}
+
+impl Handler<PutBlob> for ProcAgent {
+    async fn handle(&mut self, cx: &Context<Self>, request: PutBlob) -> anyhow::Result<()> {
+        let registry = self.registry.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            registry
+                .put_blob(&request.sha256, &request.bytes)
+                .map(|_| ())
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("storing the blob panicked: {e}")));
+        request.reply.send(cx, result);
+        Ok(())
+    }
+}
+
+/// Makes `proc` a mesh proc: starts its agent and comm actor, and reports
+/// the failures of its root actors to `events` (PA-3).
+pub fn start_mesh_proc(
+    proc: &Proc,
+    registry: Arc<Registry>,
+    events: PortRef<MeshEvent>,
+) -> Result<(), ProcError> {
+    let supervision = proc.supervision_events();
+    proc.spawn(AGENT_ACTOR, 0, ProcAgent::new(registry, events.clone()))?;
+    proc.spawn(COMM_ACTOR, 0, CommActor::default())?;
+    if let Some(mut supervision) = supervision {
+        let (mailbox, _undeliverable) = proc.attach("supervisor")?;
+        tokio::spawn(async move {
+            while let Some(event) = supervision.recv().await {
+                events.send(
+                    &mailbox,
+                    MeshEvent::ActorFailed {
+                        actor: event.actor_id,
+                        reason: event.reason,
+                    },
+                );
+            }
+        });
+    }
+    Ok(())
+}
+
+/// The agent port of `proc` for messages of type `M`.
+pub fn agent_port<M: hyperactor::RemoteMessage>(proc: &ProcId) -> Option<PortRef<M>> {
+    let actor = proc.actor_id(AGENT_ACTOR, 0).ok()?;
+    Some(PortRef::attest(
+        actor.port_id(hyperactor::message::handler_port::<M>()),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pa2_blobs_are_stored_by_their_hash_and_names_cannot_be_paths() {
+        let dir = std::env::temp_dir().join(format!("mesh-blobs-{}", std::process::id()));
+        let registry = Registry::new(dir.clone());
+        let sha = sha256_hex(b"bytes");
+        let path = registry.put_blob(&sha, b"bytes").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"bytes");
+        assert!(registry.put_blob(&sha256_hex(b"other"), b"bytes").is_err());
+        assert!(blob_path(&dir, "../../etc/passwd").is_err());
+        std::fs::remove_dir_all(dir).ok();
+    }
+}

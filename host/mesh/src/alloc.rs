@@ -1,0 +1,523 @@
+//! Allocation: starting the procs of a mesh.
+//!
+//! An [`Allocator`] starts procs and says when they stop:
+//! - [`InProcessAllocator`]: procs inside this process (`local:`), for
+//!   tests and for programs too small to pay for processes;
+//! - [`LocalAllocator`]: child OS processes of this one, each a proc on a
+//!   Unix socket, started through a bootstrap command (`monarch-host
+//!   bootstrap`) that runs [`bootstrap_main`];
+//! - remote agents ([`crate::client`]) start such children on other hosts.
+//!
+//! - AL-1: no orphans. A child proc exits when its parent goes away: its
+//!   stdin is a pipe from the parent, and it exits when that pipe closes;
+//!   a parent-death signal (SIGKILL) covers a parent killed outright.
+//! - AL-2: every child that ends is reported once, with its exit code or
+//!   the signal that killed it.
+//! - AL-3: procs of one request start in parallel; a request fails whole if
+//!   one proc does not come up within the bootstrap timeout.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use hyperactor::{ChannelAddr, PortRef, Proc, ProcId};
+use parking_lot::Mutex;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::agent::{BoxFuture, MeshEvent, Registry, start_mesh_proc};
+
+/// How long a child proc has to report that it is ready.
+pub const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The environment variable that carries a child's [`BootstrapConfig`].
+pub const BOOTSTRAP_ENV: &str = "MONARCH_BOOTSTRAP";
+
+/// The line a child prints on stdout when its proc is ready.
+const READY: &str = "MONARCH_PROC_READY ";
+
+/// A proc an allocator started.
+#[derive(Debug, Clone)]
+pub struct Allocated {
+    /// The proc.
+    pub proc: ProcId,
+    /// The host it runs on, as the allocator numbers them.
+    pub host: usize,
+    /// Its OS process, when it has one of its own.
+    pub pid: Option<u32>,
+}
+
+/// Why procs could not be started.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct AllocError(pub String);
+
+/// Starts procs; see the module docs.
+pub trait Allocator: Send + Sync + 'static {
+    /// Starts `count` procs named `names`, whose actors report to `events`;
+    /// when one ends, a [`MeshEvent::ProcStopped`] goes to `stopped`.
+    fn allocate(
+        &self,
+        names: Vec<String>,
+        events: PortRef<MeshEvent>,
+        stopped: mpsc::UnboundedSender<MeshEvent>,
+    ) -> BoxFuture<Result<Vec<Allocated>, AllocError>>;
+
+    /// Stores a blob on every host, once per host.
+    fn put_blob(&self, sha256: String, bytes: Arc<Vec<u8>>) -> BoxFuture<Result<(), AllocError>>;
+
+    /// Stops every proc it started.
+    fn stop_all(&self);
+
+    /// Ends one proc, as a failure would (tests and chaos).
+    fn kill(&self, proc: &ProcId, signal: i32) -> Result<(), AllocError>;
+}
+
+/// Procs inside this process; see the module docs.
+pub struct InProcessAllocator {
+    registry: Arc<Registry>,
+    prefix: String,
+    procs: Arc<Mutex<Vec<Proc>>>,
+}
+
+impl InProcessAllocator {
+    /// An allocator whose procs spawn actors from `registry`.
+    pub fn new(registry: Arc<Registry>) -> Self {
+        static ALLOCATORS: AtomicUsize = AtomicUsize::new(0);
+        InProcessAllocator {
+            registry,
+            prefix: format!(
+                "mesh{}-{}",
+                std::process::id(),
+                ALLOCATORS.fetch_add(1, Ordering::Relaxed)
+            ),
+            procs: Arc::default(),
+        }
+    }
+}
+
+impl Allocator for InProcessAllocator {
+    fn allocate(
+        &self,
+        names: Vec<String>,
+        events: PortRef<MeshEvent>,
+        _stopped: mpsc::UnboundedSender<MeshEvent>,
+    ) -> BoxFuture<Result<Vec<Allocated>, AllocError>> {
+        let (registry, prefix, procs) = (
+            self.registry.clone(),
+            self.prefix.clone(),
+            self.procs.clone(),
+        );
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(names.len());
+            for name in names {
+                let fail = |e: &dyn std::fmt::Display| {
+                    AllocError(format!("cannot start proc {name}: {e}"))
+                };
+                let addr: ChannelAddr = format!("local:{prefix}-{name}")
+                    .parse()
+                    .map_err(|e| fail(&e))?;
+                let proc = Proc::serve(&name, addr).await.map_err(|e| fail(&e))?;
+                start_mesh_proc(&proc, registry.clone(), events.clone()).map_err(|e| fail(&e))?;
+                out.push(Allocated {
+                    proc: proc.id().clone(),
+                    host: 0,
+                    pid: None,
+                });
+                procs.lock().push(proc);
+            }
+            Ok(out)
+        })
+    }
+
+    fn put_blob(&self, sha256: String, bytes: Arc<Vec<u8>>) -> BoxFuture<Result<(), AllocError>> {
+        let registry = self.registry.clone();
+        Box::pin(async move { put_local_blob(registry, sha256, bytes).await })
+    }
+
+    fn stop_all(&self) {
+        self.procs.lock().clear();
+    }
+
+    fn kill(&self, proc: &ProcId, _signal: i32) -> Result<(), AllocError> {
+        Err(AllocError(format!(
+            "{proc} runs inside this process and cannot be killed alone"
+        )))
+    }
+}
+
+async fn put_local_blob(
+    registry: Arc<Registry>,
+    sha256: String,
+    bytes: Arc<Vec<u8>>,
+) -> Result<(), AllocError> {
+    tokio::task::spawn_blocking(move || registry.put_blob(&sha256, &bytes))
+        .await
+        .map_err(|e| AllocError(format!("storing a blob panicked: {e}")))?
+        .map(|_| ())
+        .map_err(AllocError)
+}
+
+/// What a child proc is told at start, as JSON in [`BOOTSTRAP_ENV`].
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct BootstrapConfig {
+    /// The proc's name.
+    pub name: String,
+    /// Where to listen: `unix:DIR` for a socket in DIR, or `tcp:IP:PORT`.
+    pub listen: String,
+    /// The controller's events port, as text.
+    pub events: String,
+    /// Where this host keeps blobs.
+    pub blob_dir: PathBuf,
+}
+
+/// A command that starts a child proc: a program and its arguments, to
+/// which the allocator adds the environment.
+#[derive(Debug, Clone)]
+pub struct BootstrapCommand {
+    /// The program, usually this very binary.
+    pub program: PathBuf,
+    /// Its arguments, e.g. `["bootstrap"]`.
+    pub args: Vec<String>,
+}
+
+impl BootstrapCommand {
+    /// This binary with `args`.
+    pub fn current_exe(args: &[&str]) -> std::io::Result<Self> {
+        Ok(BootstrapCommand {
+            program: std::env::current_exe()?,
+            args: args.iter().map(|a| a.to_string()).collect(),
+        })
+    }
+}
+
+struct ChildEntry {
+    proc: ProcId,
+    pid: u32,
+    kill: Option<oneshot::Sender<()>>,
+}
+
+/// Procs as child processes of this one; see the module docs.
+pub struct LocalAllocator {
+    command: BootstrapCommand,
+    registry: Arc<Registry>,
+    /// `unix` for sockets in a directory of this allocator, or `tcp:IP`.
+    listen: String,
+    socket_dir: PathBuf,
+    children: Arc<Mutex<Vec<ChildEntry>>>,
+}
+
+impl LocalAllocator {
+    /// Children started by `command`, on Unix sockets, whose host keeps
+    /// blobs where `registry` says.
+    pub fn new(command: BootstrapCommand, registry: Arc<Registry>) -> std::io::Result<Self> {
+        static ALLOCATORS: AtomicUsize = AtomicUsize::new(0);
+        let socket_dir = std::env::temp_dir().join(format!(
+            "monarch-{}-{}",
+            std::process::id(),
+            ALLOCATORS.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&socket_dir)?;
+        Ok(LocalAllocator {
+            command,
+            registry,
+            listen: "unix".into(),
+            socket_dir,
+            children: Arc::default(),
+        })
+    }
+
+    /// Children listen on TCP at `ip` (any free port) instead of Unix
+    /// sockets, so that other hosts can reach them.
+    pub fn listen_tcp(mut self, ip: std::net::IpAddr) -> Self {
+        self.listen = format!("tcp:{}", std::net::SocketAddr::new(ip, 0));
+        self
+    }
+
+    /// The pids of the children alive now.
+    pub fn pids(&self) -> Vec<(ProcId, u32)> {
+        self.children
+            .lock()
+            .iter()
+            .map(|c| (c.proc.clone(), c.pid))
+            .collect()
+    }
+}
+
+impl Drop for LocalAllocator {
+    fn drop(&mut self) {
+        self.stop_all();
+        std::fs::remove_dir_all(&self.socket_dir).ok();
+    }
+}
+
+impl Allocator for LocalAllocator {
+    fn allocate(
+        &self,
+        names: Vec<String>,
+        events: PortRef<MeshEvent>,
+        stopped: mpsc::UnboundedSender<MeshEvent>,
+    ) -> BoxFuture<Result<Vec<Allocated>, AllocError>> {
+        let listen = if self.listen == "unix" {
+            format!("unix:{}", self.socket_dir.display())
+        } else {
+            self.listen.clone()
+        };
+        let starts: Vec<_> = names
+            .into_iter()
+            .map(|name| {
+                let config = BootstrapConfig {
+                    name,
+                    listen: listen.clone(),
+                    events: events.id().to_string(),
+                    blob_dir: self.registry.blob_dir().to_path_buf(),
+                };
+                start_child(
+                    self.command.clone(),
+                    config,
+                    stopped.clone(),
+                    self.children.clone(),
+                )
+            })
+            .collect();
+        let children = self.children.clone();
+        Box::pin(async move {
+            let results = futures::future::join_all(starts).await;
+            let mut out = Vec::with_capacity(results.len());
+            let mut first_error = None;
+            for result in results {
+                match result {
+                    Ok(allocated) => out.push(allocated),
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+            if let Some(error) = first_error {
+                // AL-3: all or nothing.
+                let mut children = children.lock();
+                for child in children.iter_mut() {
+                    if out.iter().any(|a| a.proc == child.proc)
+                        && let Some(kill) = child.kill.take()
+                    {
+                        let _ = kill.send(());
+                    }
+                }
+                return Err(error);
+            }
+            Ok(out)
+        })
+    }
+
+    fn put_blob(&self, sha256: String, bytes: Arc<Vec<u8>>) -> BoxFuture<Result<(), AllocError>> {
+        let registry = self.registry.clone();
+        Box::pin(async move { put_local_blob(registry, sha256, bytes).await })
+    }
+
+    fn stop_all(&self) {
+        for child in self.children.lock().iter_mut() {
+            if let Some(kill) = child.kill.take() {
+                let _ = kill.send(());
+            }
+        }
+    }
+
+    fn kill(&self, proc: &ProcId, signal: i32) -> Result<(), AllocError> {
+        let pid = self
+            .children
+            .lock()
+            .iter()
+            .find(|c| &c.proc == proc)
+            .map(|c| c.pid)
+            .ok_or_else(|| AllocError(format!("no child proc {proc}")))?;
+        // SAFETY: kill(2) with a pid this allocator started and still watches.
+        if unsafe { libc::kill(pid as libc::pid_t, signal) } != 0 {
+            return Err(AllocError(format!(
+                "kill {pid}: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Describes how a child ended: "exited with code 3", "killed by signal 9 (SIGKILL)".
+pub fn describe_exit(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(code) = status.code() {
+        return format!("exited with code {code}");
+    }
+    match status.signal() {
+        Some(signal) => format!("killed by signal {signal} ({})", signal_name(signal)),
+        None => "ended".into(),
+    }
+}
+
+fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGILL => "SIGILL",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGINT => "SIGINT",
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGPIPE => "SIGPIPE",
+        _ => "signal",
+    }
+}
+
+fn start_child(
+    command: BootstrapCommand,
+    config: BootstrapConfig,
+    stopped: mpsc::UnboundedSender<MeshEvent>,
+    children: Arc<Mutex<Vec<ChildEntry>>>,
+) -> BoxFuture<Result<Allocated, AllocError>> {
+    Box::pin(async move {
+        let name = config.name.clone();
+        let fail = |what: String| AllocError(format!("proc {name}: {what}"));
+        let json = serde_json::to_string(&config).map_err(|e| fail(e.to_string()))?;
+        let mut cmd = tokio::process::Command::new(&command.program);
+        cmd.args(&command.args)
+            .env(BOOTSTRAP_ENV, json)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        // SAFETY: prctl is async-signal-safe; the closure allocates nothing.
+        unsafe {
+            cmd.pre_exec(|| {
+                // AL-1: die with the parent even if it is killed outright.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| fail(format!("cannot start {}: {e}", command.program.display())))?;
+        let pid = child.id().unwrap_or(0);
+        let stdin = child.stdin.take();
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| fail("no stdout".into()))?;
+        let mut lines = BufReader::new(stdout).lines();
+        let ready = tokio::time::timeout(BOOTSTRAP_TIMEOUT, async {
+            while let Some(line) = lines.next_line().await? {
+                if let Some(id) = line.strip_prefix(READY) {
+                    return Ok(Some(id.trim().to_string()));
+                }
+                println!("{line}");
+            }
+            Ok::<_, std::io::Error>(None)
+        })
+        .await;
+        let proc: ProcId = match ready {
+            Ok(Ok(Some(id))) => id
+                .parse()
+                .map_err(|e| fail(format!("reported a bad proc id `{id}`: {e}")))?,
+            Ok(Ok(None)) | Ok(Err(_)) => {
+                let status = child.wait().await.map(describe_exit);
+                return Err(fail(format!(
+                    "ended before it was ready ({})",
+                    status.unwrap_or_else(|e| e.to_string())
+                )));
+            }
+            Err(_) => {
+                let _ = child.start_kill();
+                return Err(fail(format!(
+                    "not ready within {} s",
+                    BOOTSTRAP_TIMEOUT.as_secs()
+                )));
+            }
+        };
+        let (kill_tx, kill_rx) = oneshot::channel();
+        children.lock().push(ChildEntry {
+            proc: proc.clone(),
+            pid,
+            kill: Some(kill_tx),
+        });
+        // What the child's actors print goes to this process's stdout.
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                println!("{line}");
+            }
+        });
+        let watched = proc.clone();
+        tokio::spawn(async move {
+            let _stdin = stdin; // AL-1: closing it tells the child to exit.
+            let status = tokio::select! {
+                status = child.wait() => status,
+                _ = kill_rx => {
+                    let _ = child.start_kill();
+                    child.wait().await
+                }
+            };
+            let reason = status
+                .map(describe_exit)
+                .unwrap_or_else(|e| format!("lost: {e}"));
+            children.lock().retain(|c| c.proc != watched);
+            // AL-2: reported once.
+            let _ = stopped.send(MeshEvent::ProcStopped {
+                proc: watched,
+                reason,
+            });
+        });
+        Ok(Allocated {
+            proc,
+            host: 0,
+            pid: Some(pid),
+        })
+    })
+}
+
+/// The body of a child proc: reads its [`BootstrapConfig`], serves a mesh
+/// proc whose actors come from `registry`, says it is ready, and runs until
+/// its parent goes away (AL-1). Returns only on error.
+pub async fn bootstrap_main(
+    make_registry: impl FnOnce(&BootstrapConfig) -> Registry,
+) -> anyhow::Result<()> {
+    let text = std::env::var(BOOTSTRAP_ENV).map_err(|_| {
+        anyhow::anyhow!(
+            "{BOOTSTRAP_ENV} is not set; this command is started by monarch-host itself"
+        )
+    })?;
+    let config: BootstrapConfig = serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{BOOTSTRAP_ENV} is not valid: {e}"))?;
+    // SAFETY: getppid has no preconditions.
+    if unsafe { libc::getppid() } == 1 {
+        anyhow::bail!("the parent exited before this proc started");
+    }
+    let addr: ChannelAddr = match config.listen.strip_prefix("unix:") {
+        Some(dir) => format!(
+            "unix:{}",
+            Path::new(dir)
+                .join(format!("{}.sock", config.name))
+                .display()
+        )
+        .parse()?,
+        None => config.listen.parse()?,
+    };
+    let events: hyperactor::PortId = config.events.parse()?;
+    let registry = Arc::new(make_registry(&config));
+    let proc = Proc::serve(&config.name, addr).await?;
+    start_mesh_proc(&proc, registry, PortRef::attest(events))?;
+    {
+        use std::io::Write;
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "{READY}{}", proc.id())?;
+        stdout.flush()?;
+    }
+    // AL-1: the parent holds the other end of stdin.
+    let _ = hyperactor::testing::stdin_closed().await;
+    if let Some(path) = proc.id().addr().unix_path() {
+        std::fs::remove_file(path).ok();
+    }
+    std::process::exit(0);
+}

@@ -1,0 +1,355 @@
+//! The caster: the root of multicast trees, on the controller or on any
+//! actor that calls a mesh.
+//!
+//! [`Caster::cast`] sends a cast to the heads of at most `fanout` subtrees
+//! and returns its sequence number at once; [`Caster::next`] hands over
+//! what came back: the one result of a call, the items of a stream, the
+//! errors of a broadcast. Every cast ends: with its replies, with the
+//! failure of the procs it waited on, or at its deadline.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use hyperactor::{Mailbox, Port, PortRef, ProcId};
+
+use crate::comm::{CastMode, CastReply, Node, Subtree, split};
+use crate::reduce::{Partial, RankError};
+
+/// How long the caster waits past a cast's timeout for the tree to answer
+/// before it fails the ranks still missing: each actor already has the
+/// timeout itself (CA-4); this covers the hops.
+const ROOT_GRACE: Duration = Duration::from_millis(250);
+
+/// Where a cast goes: a mesh's procs in a fixed order (CA-1) and the ranks
+/// selected on each.
+#[derive(Debug, Clone)]
+pub struct CastTarget {
+    /// The actor mesh's name; its actors are `mesh[rank]`.
+    pub mesh: String,
+    /// Every proc of the mesh, in the mesh's order.
+    pub procs: Vec<ProcId>,
+    /// The ranks to deliver to on each proc.
+    pub ranks: Vec<Vec<u32>>,
+}
+
+/// What came back for a cast.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// A gather or a reduction finished: the values in rank order (one for
+    /// a reduction), or the lowest rank's error.
+    Done {
+        /// The cast.
+        seq: u64,
+        /// Its result.
+        result: Result<Vec<Vec<u8>>, (u32, RankError)>,
+    },
+    /// One rank of a stream answered.
+    Item {
+        /// The cast.
+        seq: u64,
+        /// The rank.
+        rank: u32,
+        /// Its reply.
+        result: Result<Vec<u8>, RankError>,
+    },
+    /// Every rank of a stream has answered.
+    End {
+        /// The cast.
+        seq: u64,
+    },
+    /// One rank of a broadcast failed.
+    Failed {
+        /// The cast.
+        seq: u64,
+        /// The rank.
+        rank: u32,
+        /// Why.
+        error: RankError,
+    },
+}
+
+struct Request {
+    node: Node,
+    /// Streams and broadcasts: ranks already reported.
+    reported: HashSet<u32>,
+    total: usize,
+}
+
+/// The root of this mailbox's casts; see the module docs.
+pub struct Caster {
+    mailbox: Mailbox,
+    port: Port<CastReply>,
+    me: PortRef<CastReply>,
+    fanout: u32,
+    next_seq: u64,
+    requests: HashMap<u64, Request>,
+    dead: HashMap<ProcId, String>,
+    ready: VecDeque<Outcome>,
+}
+
+impl Caster {
+    /// A caster that sends from `mailbox` through trees of `fanout`.
+    pub fn new(mailbox: &Mailbox, fanout: u32) -> Caster {
+        let port = mailbox.open_port::<CastReply>();
+        let me = port.bind();
+        Caster {
+            mailbox: mailbox.clone(),
+            port,
+            me,
+            fanout: fanout.max(1),
+            next_seq: 1,
+            requests: HashMap::new(),
+            dead: HashMap::new(),
+            ready: VecDeque::new(),
+        }
+    }
+
+    /// Casts `message` to `endpoint` of the ranks `target` selects and
+    /// returns the cast's number; what comes back arrives through
+    /// [`Caster::next`].
+    pub fn cast(
+        &mut self,
+        target: &CastTarget,
+        endpoint: &str,
+        message: Vec<u8>,
+        mode: CastMode,
+        timeout: Duration,
+    ) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let total = target.ranks.iter().map(Vec::len).sum();
+        let mut node = Node {
+            origin: self.me.id().clone(),
+            seq,
+            mesh: target.mesh.clone(),
+            tree: Subtree {
+                start: 0,
+                procs: target.procs.clone(),
+                ranks: target.ranks.clone(),
+            },
+            endpoint: endpoint.to_string(),
+            message: Arc::new(message),
+            mode,
+            timeout_ms: timeout.as_millis().max(1) as u64,
+            fanout: self.fanout,
+            waiting: Vec::new(),
+            local_left: 0,
+            partial: Partial::new(mode.fold()),
+            deadline: Instant::now() + timeout + ROOT_GRACE,
+        };
+        let chunks = split(0, target.procs.len(), self.fanout as usize);
+        let failed = node.forward(&self.mailbox, &self.me, chunks, &self.dead);
+        let mut request = Request {
+            node,
+            reported: HashSet::new(),
+            total,
+        };
+        self.report(seq, &mut request, failed);
+        self.settle(seq, request);
+        seq
+    }
+
+    /// Tells the caster that `proc` died: casts waiting on it fail its
+    /// ranks and go on to its children (CA-3).
+    pub fn proc_died(&mut self, proc: &ProcId, reason: &str) {
+        self.dead.insert(proc.clone(), reason.to_string());
+        let seqs: Vec<u64> = self.requests.keys().copied().collect();
+        for seq in seqs {
+            let Some(mut request) = self.requests.remove(&seq) else {
+                continue;
+            };
+            let mut failed = request
+                .node
+                .proc_died(&self.mailbox, &self.me, proc, &self.dead);
+            // Stream and broadcast replies come straight from each proc, so
+            // the dead proc's unreported ranks fail here wherever it sat.
+            if matches!(request.node.mode, CastMode::Stream | CastMode::Broadcast)
+                && let Some(at) = request.node.tree.procs.iter().position(|p| p == proc)
+            {
+                let why = format!("proc {proc} died: {reason}");
+                for &rank in &request.node.tree.ranks[at] {
+                    failed.push((rank, why.clone()));
+                }
+            }
+            self.report(seq, &mut request, failed);
+            self.settle(seq, request);
+        }
+    }
+
+    /// Whether no cast is waiting for replies and nothing is ready.
+    pub fn is_idle(&self) -> bool {
+        self.requests.is_empty() && self.ready.is_empty()
+    }
+
+    /// How many casts wait for replies.
+    pub fn in_flight(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// The next outcome, waiting for it; `None` when nothing is in flight.
+    pub async fn next(&mut self) -> Option<Outcome> {
+        loop {
+            if let Some(outcome) = self.ready.pop_front() {
+                return Some(outcome);
+            }
+            let deadline = self.requests.values().map(|r| r.node.deadline).min()?;
+            tokio::select! {
+                reply = self.port.recv() => match reply {
+                    Some(reply) => self.take(reply),
+                    None => return None,
+                },
+                _ = tokio::time::sleep_until(deadline.into()) => self.expire(Instant::now()),
+            }
+        }
+    }
+
+    /// The next outcome if one is ready now, without waiting.
+    pub fn try_next(&mut self) -> Option<Outcome> {
+        loop {
+            if let Some(outcome) = self.ready.pop_front() {
+                return Some(outcome);
+            }
+            match self.port.recv().now_or_never() {
+                Some(Some(reply)) => self.take(reply),
+                _ => {
+                    let now = Instant::now();
+                    if self.requests.values().any(|r| r.node.deadline <= now) {
+                        self.expire(now);
+                        continue;
+                    }
+                    return None;
+                }
+            }
+        }
+    }
+
+    fn take(&mut self, reply: CastReply) {
+        match reply {
+            CastReply::Subtree {
+                seq,
+                start,
+                end,
+                partial,
+                ..
+            } => {
+                if let Some(mut request) = self.requests.remove(&seq) {
+                    request.node.take_subtree(start, end, partial);
+                    self.settle(seq, request);
+                }
+            }
+            CastReply::Item { seq, rank, result } => {
+                if let Some(mut request) = self.requests.remove(&seq) {
+                    if request.reported.insert(rank) {
+                        self.ready.push_back(match request.node.mode {
+                            CastMode::Broadcast => Outcome::Failed {
+                                seq,
+                                rank,
+                                error: result.err().unwrap_or(RankError::Invalid(
+                                    "a broadcast reported a success".into(),
+                                )),
+                            },
+                            _ => Outcome::Item { seq, rank, result },
+                        });
+                    }
+                    self.settle(seq, request);
+                }
+            }
+        }
+    }
+
+    /// Reports ranks failed by dead procs.
+    fn report(&mut self, seq: u64, request: &mut Request, failed: Vec<(u32, String)>) {
+        for (rank, reason) in failed {
+            let error = RankError::Failed(reason);
+            let outcome = match request.node.mode {
+                CastMode::Stream => Outcome::Item {
+                    seq,
+                    rank,
+                    result: Err(error),
+                },
+                CastMode::Broadcast => Outcome::Failed { seq, rank, error },
+                _ => continue,
+            };
+            if request.reported.insert(rank) {
+                self.ready.push_back(outcome);
+            }
+        }
+    }
+
+    /// Finishes a request whose replies are all in, or keeps it.
+    fn settle(&mut self, seq: u64, request: Request) {
+        let done = match request.node.mode {
+            CastMode::Stream => request.reported.len() >= request.total,
+            _ => request.node.complete(),
+        };
+        if !done {
+            self.requests.insert(seq, request);
+            return;
+        }
+        match request.node.mode {
+            CastMode::Stream => self.ready.push_back(Outcome::End { seq }),
+            CastMode::Broadcast => {}
+            mode => self.ready.push_back(Outcome::Done {
+                seq,
+                result: request.node.partial.finish(mode.fold()),
+            }),
+        }
+    }
+
+    /// Fails what is still missing of casts past their deadline.
+    fn expire(&mut self, now: Instant) {
+        let expired: Vec<u64> = self
+            .requests
+            .iter()
+            .filter(|(_, r)| r.node.deadline <= now)
+            .map(|(seq, _)| *seq)
+            .collect();
+        for seq in expired {
+            let Some(mut request) = self.requests.remove(&seq) else {
+                continue;
+            };
+            let error = RankError::Timeout(request.node.timeout_ms);
+            match request.node.mode {
+                CastMode::Stream | CastMode::Broadcast => {
+                    let mut all: Vec<u32> =
+                        request.node.tree.ranks.iter().flatten().copied().collect();
+                    all.sort_unstable();
+                    let missing: Vec<(u32, String)> = all
+                        .into_iter()
+                        .filter(|r| !request.reported.contains(r))
+                        .map(|r| (r, String::new()))
+                        .collect();
+                    for (rank, _) in missing {
+                        request.reported.insert(rank);
+                        self.ready.push_back(match request.node.mode {
+                            CastMode::Stream => Outcome::Item {
+                                seq,
+                                rank,
+                                result: Err(error.clone()),
+                            },
+                            _ => Outcome::Failed {
+                                seq,
+                                rank,
+                                error: error.clone(),
+                            },
+                        });
+                    }
+                    if request.node.mode == CastMode::Stream {
+                        self.ready.push_back(Outcome::End { seq });
+                    }
+                }
+                mode => {
+                    let fold = mode.fold();
+                    for rank in request.node.missing_ranks() {
+                        request.node.partial.add(fold, rank, Err(error.clone()));
+                    }
+                    request.node.waiting.clear();
+                    let result = request.node.partial.finish(fold);
+                    self.ready.push_back(Outcome::Done { seq, result });
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! The controller's side of its meshes: the procs it allocated, the
+//! actors it spawned on them, and what happened to them.
+//!
+//! A [`MeshClient`] owns a proc of its own (the controller proc, reachable
+//! by every proc it starts), an allocator, and an events port on which
+//! procs report failed actors and log lines. Procs that end are reported
+//! by the allocator. Every event goes to each subscriber.
+//!
+//! - SV-1: a proc that ends is marked dead once; every live comm actor is
+//!   told, so that casts waiting on it fail its ranks and reach the rest
+//!   (CA-3); subscribers get one [`MeshEvent::ProcStopped`].
+//! - SV-2: spawning actors on a dead proc fails at once, naming the proc.
+//! - SV-3: spawning a mesh is all or nothing.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyperactor::{ChannelAddr, Mailbox, PortRef, Proc, ProcId};
+use parking_lot::Mutex;
+use tokio::sync::mpsc;
+
+use crate::agent::{MeshEvent, SpawnActors, StopActors, agent_port};
+use crate::alloc::{AllocError, Allocated, Allocator};
+use crate::comm::{ProcDied, comm_port};
+
+/// Where log lines of actors go.
+pub type LogSink = Arc<dyn Fn(&str) + Send + Sync>;
+
+#[derive(Default)]
+struct ClientState {
+    /// Every proc started, in order, with its host.
+    procs: Vec<Allocated>,
+    /// Procs that ended, with why.
+    dead: HashMap<ProcId, String>,
+    subscribers: Vec<mpsc::UnboundedSender<MeshEvent>>,
+    blobs: HashSet<String>,
+    next_proc: usize,
+}
+
+/// An actor mesh to spawn.
+#[derive(Debug, Clone)]
+pub struct ActorSpec {
+    /// The actor factory's kind.
+    pub kind: String,
+    /// The mesh's name; its actors are `name[rank]`.
+    pub name: String,
+    /// The mesh's extent.
+    pub extent: Vec<(String, u32)>,
+    /// The factory's parameters.
+    pub params: Vec<u8>,
+    /// Actors on each proc.
+    pub per_proc: u32,
+}
+
+/// The controller's view of its procs; see the module docs.
+pub struct MeshClient {
+    proc: Proc,
+    mailbox: Mailbox,
+    events: PortRef<MeshEvent>,
+    stopped: mpsc::UnboundedSender<MeshEvent>,
+    allocator: Arc<dyn Allocator>,
+    state: Arc<Mutex<ClientState>>,
+}
+
+impl MeshClient {
+    /// A client whose own proc serves on `addr` (reachable by the procs the
+    /// allocator starts) and whose actors' log lines go to `log`.
+    pub async fn new(
+        addr: ChannelAddr,
+        allocator: Arc<dyn Allocator>,
+        log: LogSink,
+    ) -> Result<Arc<MeshClient>, AllocError> {
+        let proc = Proc::serve("controller", addr)
+            .await
+            .map_err(|e| AllocError(format!("cannot start the controller proc: {e}")))?;
+        let (mailbox, _undeliverable) =
+            proc.attach("mesh").map_err(|e| AllocError(e.to_string()))?;
+        let mut events_port = mailbox.open_port::<MeshEvent>();
+        let events = events_port.bind();
+        let (stopped, mut stopped_rx) = mpsc::unbounded_channel();
+        let state: Arc<Mutex<ClientState>> = Arc::default();
+        let client = Arc::new(MeshClient {
+            proc,
+            mailbox: mailbox.clone(),
+            events,
+            stopped,
+            allocator,
+            state: state.clone(),
+        });
+        tokio::spawn(async move {
+            loop {
+                let event = tokio::select! {
+                    Some(event) = events_port.recv() => event,
+                    Some(event) = stopped_rx.recv() => event,
+                    else => break,
+                };
+                handle_event(&mailbox, &state, &log, event);
+            }
+        });
+        Ok(client)
+    }
+
+    /// The mailbox the controller sends from.
+    pub fn mailbox(&self) -> &Mailbox {
+        &self.mailbox
+    }
+
+    /// The controller's proc.
+    pub fn proc(&self) -> &Proc {
+        &self.proc
+    }
+
+    /// Events from now on: failed actors and ended procs.
+    pub fn subscribe(&self) -> mpsc::UnboundedReceiver<MeshEvent> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.state.lock().subscribers.push(tx);
+        rx
+    }
+
+    /// Starts `count` procs, in parallel.
+    pub async fn spawn_procs(&self, count: usize) -> Result<Vec<Allocated>, AllocError> {
+        let names: Vec<String> = {
+            let mut state = self.state.lock();
+            let first = state.next_proc;
+            state.next_proc += count;
+            (first..first + count).map(|i| format!("proc{i}")).collect()
+        };
+        let allocated = self
+            .allocator
+            .allocate(names, self.events.clone(), self.stopped.clone())
+            .await?;
+        self.state.lock().procs.extend(allocated.iter().cloned());
+        Ok(allocated)
+    }
+
+    /// Why `proc` ended, if it has.
+    pub fn dead(&self, proc: &ProcId) -> Option<String> {
+        self.state.lock().dead.get(proc).cloned()
+    }
+
+    /// The procs that ended so far, with why.
+    pub fn dead_procs(&self) -> HashMap<ProcId, String> {
+        self.state.lock().dead.clone()
+    }
+
+    /// Stores a blob on every host, once per client.
+    pub async fn put_blob(&self, sha256: &str, bytes: Arc<Vec<u8>>) -> Result<(), AllocError> {
+        if self.state.lock().blobs.contains(sha256) {
+            return Ok(());
+        }
+        self.allocator.put_blob(sha256.to_string(), bytes).await?;
+        self.state.lock().blobs.insert(sha256.to_string());
+        Ok(())
+    }
+
+    /// Spawns the actors of `spec` on `procs`, `spec.per_proc` on each
+    /// (ranks `i * per_proc ..` on the i-th proc), and waits until every
+    /// one has started (SV-3).
+    pub async fn spawn_actors(
+        &self,
+        procs: &[ProcId],
+        spec: &ActorSpec,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        let ActorSpec {
+            kind,
+            name,
+            extent,
+            params,
+            per_proc,
+        } = spec;
+        let (kind, name, per_proc) = (kind.as_str(), name.as_str(), *per_proc);
+        for proc in procs {
+            if let Some(reason) = self.dead(proc) {
+                return Err(format!("proc {proc} has ended: {reason}")); // SV-2
+            }
+        }
+        let calls = procs.iter().enumerate().map(|(i, proc)| {
+            let ranks: Vec<u32> = (i as u32 * per_proc..(i as u32 + 1) * per_proc).collect();
+            let port = agent_port::<SpawnActors>(proc);
+            let (kind, name, extent, params) = (
+                kind.to_string(),
+                name.to_string(),
+                extent.clone(),
+                params.clone(),
+            );
+            let reply = port.map(|port| {
+                self.mailbox.start_call(port.id(), |reply| SpawnActors {
+                    kind,
+                    name,
+                    ranks,
+                    extent,
+                    params,
+                    reply,
+                })
+            });
+            async move {
+                match reply {
+                    None => Err(format!("proc {proc} has no valid agent name")),
+                    Some(reply) => match reply.recv_timeout(timeout).await {
+                        Ok(result) => result,
+                        Err(e) => Err(format!("spawning on proc {proc}: {e}")),
+                    },
+                }
+            }
+        });
+        let results = futures::future::join_all(calls).await;
+        if let Some(error) = results.iter().find_map(|r| r.as_ref().err()) {
+            let error = error.clone();
+            self.stop_actors(procs, name, timeout).await;
+            return Err(error);
+        }
+        Ok(())
+    }
+
+    /// Stops the actors `name[..]` on `procs` and waits until they end (or
+    /// `timeout` passes).
+    pub async fn stop_actors(&self, procs: &[ProcId], name: &str, timeout: Duration) {
+        let dead = self.dead_procs();
+        let calls = procs
+            .iter()
+            .filter(|p| !dead.contains_key(*p))
+            .filter_map(agent_port::<StopActors>)
+            .map(|port| {
+                let name = name.to_string();
+                self.mailbox
+                    .start_call(port.id(), |reply| StopActors { name, reply })
+                    .recv_timeout(timeout)
+            });
+        futures::future::join_all(calls).await;
+    }
+
+    /// Sends `signal` to `proc`'s process (for tests and chaos drills).
+    pub fn kill(&self, proc: &ProcId, signal: i32) -> Result<(), AllocError> {
+        self.allocator.kill(proc, signal)
+    }
+
+    /// Stops every proc.
+    pub fn stop_all(&self) {
+        self.allocator.stop_all();
+    }
+}
+
+impl Drop for MeshClient {
+    fn drop(&mut self) {
+        self.allocator.stop_all();
+    }
+}
+
+fn handle_event(
+    mailbox: &Mailbox,
+    state: &Arc<Mutex<ClientState>>,
+    log: &LogSink,
+    event: MeshEvent,
+) {
+    let mut state = state.lock();
+    match &event {
+        MeshEvent::Log { line } => {
+            log(line);
+            return;
+        }
+        MeshEvent::ProcStopped { proc, reason } => {
+            if state.dead.contains_key(proc) {
+                return;
+            }
+            state.dead.insert(proc.clone(), reason.clone());
+            tracing::info!(%proc, %reason, "proc ended");
+            // SV-1: every live comm actor hears of it.
+            let died = ProcDied {
+                proc: proc.clone(),
+                reason: reason.clone(),
+            };
+            for other in &state.procs {
+                if !state.dead.contains_key(&other.proc)
+                    && let Some(port) = comm_port::<ProcDied>(&other.proc)
+                {
+                    port.send(mailbox, died.clone());
+                }
+            }
+        }
+        MeshEvent::ActorFailed { .. } => {}
+    }
+    state
+        .subscribers
+        .retain(|subscriber| subscriber.send(event.clone()).is_ok());
+}

@@ -1,0 +1,618 @@
+//! Casting: messages to many actors carried down a multicast tree of
+//! per-proc comm actors, and their replies folded on the way back up.
+//!
+//! A cast names its procs in tree order, each with the ranks to deliver to
+//! there. The caster sends it to at most `fanout` children; each child
+//! delivers to its own actors and forwards the rest of its subtree the same
+//! way. Replies travel back up the same tree: every node folds its actors'
+//! replies and its children's partial results ([`crate::reduce`]) into one
+//! message for its parent.
+//!
+//! Invariants:
+//! - CA-1: the tree depends only on the caster's list of procs and the
+//!   fan-out, never on which ranks are selected: a subtree without selected
+//!   ranks is skipped whole, but the path to a proc never changes. With each
+//!   hop FIFO and each comm actor handling messages in order, messages from
+//!   one sender reach each actor in the order they were sent.
+//! - CA-2: a node sends at most `fanout` messages per cast; the caster
+//!   receives one reply per call (streams: one per rank).
+//! - CA-3: when a proc dies, the node waiting on it (its parent in the tree)
+//!   fails the dead proc's own ranks and forwards the cast to the dead
+//!   proc's children itself; a node that gets a cast again answers the new
+//!   parent with what it has or will have. Ranks on live procs complete.
+//! - CA-4: every local delivery ends within the cast's timeout, so every
+//!   live subtree answers.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hyperactor::message::handler_port;
+use hyperactor::{
+    Actor, Context, Exports, Handler, Mailbox, OncePortRef, PortId, PortRef, ProcId, RemoteMessage,
+};
+use parking_lot::Mutex;
+
+use crate::reduce::{Fold, Partial, RankError, Reducer};
+
+/// The name of the comm actor in every proc of a mesh.
+pub const COMM_ACTOR: &str = "comm";
+
+/// The default fan-out of multicast trees.
+pub const DEFAULT_FANOUT: u32 = 16;
+
+/// The message every actor of an actor mesh handles: a named endpoint and
+/// bytes; the reply is the endpoint's bytes or its error text.
+#[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct MeshCall {
+    /// The endpoint's name.
+    pub endpoint: String,
+    /// The message bytes.
+    pub message: Vec<u8>,
+    /// Where the result goes.
+    pub reply: OncePortRef<Result<Vec<u8>, String>>,
+}
+
+/// What a cast does with replies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub enum CastMode {
+    /// Gather every reply in rank order.
+    Gather,
+    /// Reduce the replies with a host-native reducer.
+    Reduce(Reducer),
+    /// Send each reply to the caster as it comes.
+    Stream,
+    /// Fire and forget; errors go to the caster.
+    Broadcast,
+}
+
+impl CastMode {
+    /// How nodes fold replies in this mode.
+    pub fn fold(self) -> Fold {
+        match self {
+            CastMode::Gather => Fold::Gather,
+            CastMode::Reduce(reducer) => Fold::Reduce(reducer),
+            CastMode::Stream | CastMode::Broadcast => Fold::Discard,
+        }
+    }
+}
+
+/// Part of a cast's tree: procs in tree order, each with its ranks.
+#[derive(Debug, Clone, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct Subtree {
+    /// The position of `procs[0]` among all the caster's procs.
+    pub start: u32,
+    /// The procs; `procs[0]` is the subtree's root.
+    pub procs: Vec<ProcId>,
+    /// The ranks to deliver to on each proc.
+    pub ranks: Vec<Vec<u32>>,
+}
+
+/// A cast on its way down the tree.
+#[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct Cast {
+    /// The caster's reply port; with `seq` it names the cast.
+    pub origin: PortId,
+    /// The caster's number for the cast.
+    pub seq: u64,
+    /// The actor mesh: actors are `mesh[rank]` in their procs.
+    pub mesh: String,
+    /// This node's subtree.
+    pub tree: Subtree,
+    /// The endpoint to call.
+    pub endpoint: String,
+    /// The message bytes.
+    pub message: Vec<u8>,
+    /// What to do with replies.
+    pub mode: CastMode,
+    /// Where this subtree's partial result goes.
+    pub parent: PortRef<CastReply>,
+    /// How long each actor has to reply, in milliseconds.
+    pub timeout_ms: u64,
+    /// The tree's fan-out.
+    pub fanout: u32,
+}
+
+/// A reply travelling up the tree, or straight to the caster.
+#[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub enum CastReply {
+    /// A subtree (positions `start..end`) has finished.
+    Subtree {
+        /// The caster's reply port.
+        origin: PortId,
+        /// The cast.
+        seq: u64,
+        /// The first position of the subtree.
+        start: u32,
+        /// One past its last position.
+        end: u32,
+        /// Its folded replies.
+        partial: Partial,
+    },
+    /// One rank's reply, sent straight to the caster: every reply of a
+    /// stream, the errors of a broadcast.
+    Item {
+        /// The cast.
+        seq: u64,
+        /// The rank.
+        rank: u32,
+        /// Its reply.
+        result: Result<Vec<u8>, RankError>,
+    },
+}
+
+/// A proc has died; comm actors waiting on it fail its ranks and take over
+/// its children (CA-3).
+#[derive(Debug, Clone, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct ProcDied {
+    /// The proc.
+    pub proc: ProcId,
+    /// Why: its exit status, a signal, or lost heartbeats.
+    pub reason: String,
+}
+
+/// The comm actor port of `proc` for messages of type `M`.
+pub fn comm_port<M: RemoteMessage>(proc: &ProcId) -> Option<PortRef<M>> {
+    let actor = proc.actor_id(COMM_ACTOR, 0).ok()?;
+    Some(PortRef::attest(actor.port_id(handler_port::<M>())))
+}
+
+/// Splits positions `lo..hi` into at most `fanout` contiguous, balanced
+/// chunks; each chunk's first position is the child that heads it.
+pub fn split(lo: usize, hi: usize, fanout: usize) -> Vec<(usize, usize)> {
+    let n = hi.saturating_sub(lo);
+    if n == 0 {
+        return Vec::new();
+    }
+    let chunks = n.min(fanout.max(1));
+    let (base, extra) = (n / chunks, n % chunks);
+    let mut out = Vec::with_capacity(chunks);
+    let mut at = lo;
+    for i in 0..chunks {
+        let len = base + usize::from(i < extra);
+        out.push((at, at + len));
+        at += len;
+    }
+    out
+}
+
+/// What a node of the tree (a comm actor, or the caster at the root)
+/// knows about one cast in flight.
+pub(crate) struct Node {
+    pub(crate) origin: PortId,
+    pub(crate) seq: u64,
+    pub(crate) mesh: String,
+    pub(crate) tree: Subtree,
+    pub(crate) endpoint: String,
+    pub(crate) message: Arc<Vec<u8>>,
+    pub(crate) mode: CastMode,
+    pub(crate) timeout_ms: u64,
+    pub(crate) fanout: u32,
+    /// Child subtrees not yet reported, as index ranges into `tree.procs`.
+    pub(crate) waiting: Vec<(usize, usize)>,
+    /// Local deliveries not yet answered.
+    pub(crate) local_left: usize,
+    pub(crate) partial: Partial,
+    pub(crate) deadline: Instant,
+}
+
+impl Node {
+    fn has_ranks(&self, lo: usize, hi: usize) -> bool {
+        self.tree.ranks[lo..hi].iter().any(|r| !r.is_empty())
+    }
+
+    /// Sends the cast to the subtrees in `chunks`, taking over the children
+    /// of any that is known dead. Returns the ranks failed on the way.
+    pub(crate) fn forward(
+        &mut self,
+        sender: &Mailbox,
+        me: &PortRef<CastReply>,
+        chunks: Vec<(usize, usize)>,
+        dead: &HashMap<ProcId, String>,
+    ) -> Vec<(u32, String)> {
+        let mut failed = Vec::new();
+        let mut queue: VecDeque<(usize, usize)> = chunks.into();
+        while let Some((lo, hi)) = queue.pop_front() {
+            if !self.has_ranks(lo, hi) {
+                continue;
+            }
+            let head = &self.tree.procs[lo];
+            if let Some(reason) = dead.get(head) {
+                failed.extend(self.fail_own(lo, reason));
+                queue.extend(split(lo + 1, hi, self.fanout as usize));
+                continue;
+            }
+            let Some(port) = comm_port::<Cast>(head) else {
+                failed.extend(self.fail_own(lo, "the proc's name is not valid"));
+                queue.extend(split(lo + 1, hi, self.fanout as usize));
+                continue;
+            };
+            self.waiting.push((lo, hi));
+            port.send(
+                sender,
+                Cast {
+                    origin: self.origin.clone(),
+                    seq: self.seq,
+                    mesh: self.mesh.clone(),
+                    tree: Subtree {
+                        start: self.tree.start + lo as u32,
+                        procs: self.tree.procs[lo..hi].to_vec(),
+                        ranks: self.tree.ranks[lo..hi].to_vec(),
+                    },
+                    endpoint: self.endpoint.clone(),
+                    message: self.message.as_ref().clone(),
+                    mode: self.mode,
+                    parent: me.clone(),
+                    timeout_ms: self.timeout_ms,
+                    fanout: self.fanout,
+                },
+            );
+        }
+        failed
+    }
+
+    /// Fails the ranks of the proc at index `at` itself.
+    fn fail_own(&mut self, at: usize, reason: &str) -> Vec<(u32, String)> {
+        let reason = format!("proc {} died: {reason}", self.tree.procs[at]);
+        let fold = self.mode.fold();
+        let ranks = self.tree.ranks[at].clone();
+        for &rank in &ranks {
+            self.partial
+                .add(fold, rank, Err(RankError::Failed(reason.clone())));
+        }
+        ranks.into_iter().map(|r| (r, reason.clone())).collect()
+    }
+
+    /// Takes a child's report; false when it is not one this node waits
+    /// for (a duplicate after a re-forward).
+    pub(crate) fn take_subtree(&mut self, start: u32, end: u32, partial: Partial) -> bool {
+        let (Some(lo), Some(hi)) = (
+            start.checked_sub(self.tree.start),
+            end.checked_sub(self.tree.start),
+        ) else {
+            return false;
+        };
+        let Some(at) = self
+            .waiting
+            .iter()
+            .position(|&w| w == (lo as usize, hi as usize))
+        else {
+            return false;
+        };
+        self.waiting.swap_remove(at);
+        self.partial.merge(self.mode.fold(), partial);
+        true
+    }
+
+    /// A proc died: if this node waits on it, fail its ranks and forward
+    /// to its children (CA-3). Returns the ranks failed.
+    pub(crate) fn proc_died(
+        &mut self,
+        sender: &Mailbox,
+        me: &PortRef<CastReply>,
+        proc: &ProcId,
+        dead: &HashMap<ProcId, String>,
+    ) -> Vec<(u32, String)> {
+        let Some(at) = self
+            .waiting
+            .iter()
+            .position(|&(lo, _)| &self.tree.procs[lo] == proc)
+        else {
+            return Vec::new();
+        };
+        let (lo, hi) = self.waiting.swap_remove(at);
+        let reason = dead.get(proc).map(String::as_str).unwrap_or("lost");
+        let mut failed = self.fail_own(lo, reason);
+        let children = split(lo + 1, hi, self.fanout as usize);
+        failed.extend(self.forward(sender, me, children, dead));
+        failed
+    }
+
+    pub(crate) fn complete(&self) -> bool {
+        self.waiting.is_empty() && self.local_left == 0
+    }
+
+    /// The ranks of subtrees not yet reported.
+    pub(crate) fn missing_ranks(&self) -> Vec<u32> {
+        let mut ranks: Vec<u32> = self
+            .waiting
+            .iter()
+            .flat_map(|&(lo, hi)| self.tree.ranks[lo..hi].iter().flatten().copied())
+            .collect();
+        ranks.sort_unstable();
+        ranks
+    }
+}
+
+type Key = (PortId, u64);
+
+/// A subtree's result, kept after it was sent in case a new parent asks.
+struct Sent {
+    start: u32,
+    end: u32,
+    partial: Partial,
+    expires: Instant,
+}
+
+#[derive(Default)]
+struct CommState {
+    pending: HashMap<Key, (Node, PortRef<CastReply>)>,
+    sent: HashMap<Key, Sent>,
+    sent_order: VecDeque<Key>,
+    dead: HashMap<ProcId, String>,
+    last_sweep: Option<Instant>,
+}
+
+/// How long after its timeout a cast's state is dropped by a comm actor.
+const GRACE: Duration = Duration::from_secs(2);
+
+impl CommState {
+    /// Sends a finished node's partial to its parent and keeps a copy.
+    fn finish(&mut self, sender: &Mailbox, key: Key) {
+        let Some((node, parent)) = self.pending.remove(&key) else {
+            return;
+        };
+        let start = node.tree.start;
+        let end = start + node.tree.procs.len() as u32;
+        parent.send(
+            sender,
+            CastReply::Subtree {
+                origin: node.origin.clone(),
+                seq: node.seq,
+                start,
+                end,
+                partial: node.partial.clone(),
+            },
+        );
+        self.sent.insert(
+            key.clone(),
+            Sent {
+                start,
+                end,
+                partial: node.partial,
+                expires: node.deadline + GRACE,
+            },
+        );
+        self.sent_order.push_back(key);
+    }
+
+    /// Drops state of casts long past their timeout.
+    fn sweep(&mut self, now: Instant) {
+        if self
+            .last_sweep
+            .is_some_and(|at| now.duration_since(at) < Duration::from_millis(500))
+        {
+            return;
+        }
+        self.last_sweep = Some(now);
+        while let Some(key) = self.sent_order.front() {
+            match self.sent.get(key) {
+                Some(sent) if sent.expires > now => break,
+                _ => {
+                    let key = self.sent_order.pop_front().expect("front exists");
+                    self.sent.remove(&key);
+                }
+            }
+        }
+        self.pending
+            .retain(|_, (node, _)| node.deadline + GRACE > now);
+    }
+}
+
+/// The comm actor of a proc: delivers casts to its actors, forwards them
+/// to its children and folds the replies.
+#[derive(Default)]
+pub struct CommActor {
+    state: Arc<Mutex<CommState>>,
+}
+
+impl Actor for CommActor {
+    fn exports(exports: &mut Exports<Self>) {
+        exports
+            .handle::<Cast>()
+            .handle::<CastReply>()
+            .handle::<ProcDied>();
+    }
+
+    async fn handle_undeliverable(
+        &mut self,
+        cx: &Context<Self>,
+        undeliverable: hyperactor::Undeliverable,
+    ) -> anyhow::Result<()> {
+        tracing::debug!(actor = %cx.actor_id(), %undeliverable, "cast message returned");
+        Ok(())
+    }
+}
+
+fn me(cx: &Context<CommActor>) -> PortRef<CastReply> {
+    PortRef::attest(cx.actor_id().port_id(handler_port::<CastReply>()))
+}
+
+impl Handler<Cast> for CommActor {
+    async fn handle(&mut self, cx: &Context<Self>, cast: Cast) -> anyhow::Result<()> {
+        let key: Key = (cast.origin.clone(), cast.seq);
+        let now = Instant::now();
+        let mut state = self.state.lock();
+        state.sweep(now);
+        // Asked again by a new parent after a death (CA-3).
+        if let Some(sent) = state.sent.get(&key) {
+            cast.parent.send(
+                cx,
+                CastReply::Subtree {
+                    origin: cast.origin,
+                    seq: cast.seq,
+                    start: sent.start,
+                    end: sent.end,
+                    partial: sent.partial.clone(),
+                },
+            );
+            return Ok(());
+        }
+        if let Some((_, parent)) = state.pending.get_mut(&key) {
+            *parent = cast.parent;
+            return Ok(());
+        }
+        if cast.tree.procs.is_empty() || cast.tree.procs.len() != cast.tree.ranks.len() {
+            tracing::warn!(origin = %cast.origin, "a cast with a malformed tree; dropped");
+            return Ok(());
+        }
+        let timeout = Duration::from_millis(cast.timeout_ms);
+        let local: Vec<u32> = cast.tree.ranks[0].clone();
+        let mut node = Node {
+            origin: cast.origin,
+            seq: cast.seq,
+            mesh: cast.mesh,
+            tree: cast.tree,
+            endpoint: cast.endpoint,
+            message: Arc::new(cast.message),
+            mode: cast.mode,
+            timeout_ms: cast.timeout_ms,
+            fanout: cast.fanout.max(1),
+            waiting: Vec::new(),
+            local_left: local.len(),
+            partial: Partial::new(cast.mode.fold()),
+            deadline: now + timeout,
+        };
+        let children = split(1, node.tree.procs.len(), node.fanout as usize);
+        let dead = std::mem::take(&mut state.dead);
+        node.forward(cx, &me(cx), children, &dead);
+        state.dead = dead;
+        let proc = cx.proc().id().clone();
+        let origin_port: PortRef<CastReply> = PortRef::attest(node.origin.clone());
+        for rank in local {
+            let reply = match proc.actor_id(&node.mesh, rank) {
+                Ok(actor) => {
+                    let dest = actor.port_id(handler_port::<MeshCall>());
+                    let (endpoint, message) = (node.endpoint.clone(), node.message.clone());
+                    Some(cx.start_call(&dest, |reply| MeshCall {
+                        endpoint,
+                        message: message.as_ref().clone(),
+                        reply,
+                    }))
+                }
+                Err(e) => {
+                    node.local_left -= 1;
+                    let error = RankError::Invalid(format!("bad mesh name: {e}"));
+                    node.partial.add(node.mode.fold(), rank, Err(error));
+                    None
+                }
+            };
+            let Some(reply) = reply else { continue };
+            let (state, mailbox, key) = (self.state.clone(), (**cx).clone(), key.clone());
+            let origin_port = origin_port.clone();
+            let mode = node.mode;
+            tokio::spawn(async move {
+                let result = match reply.recv_timeout(timeout).await {
+                    Ok(Ok(bytes)) => Ok(bytes),
+                    Ok(Err(text)) => Err(RankError::Endpoint(text)),
+                    Err(hyperactor::CallError::Timeout(t)) => {
+                        Err(RankError::Timeout(t.as_millis() as u64))
+                    }
+                    Err(hyperactor::CallError::Supervision(event)) => {
+                        Err(RankError::Failed(event.reason))
+                    }
+                    Err(other) => Err(RankError::Failed(other.to_string())),
+                };
+                match mode {
+                    CastMode::Stream => origin_port.send(
+                        &mailbox,
+                        CastReply::Item {
+                            seq: key.1,
+                            rank,
+                            result: result.clone(),
+                        },
+                    ),
+                    CastMode::Broadcast if result.is_err() => origin_port.send(
+                        &mailbox,
+                        CastReply::Item {
+                            seq: key.1,
+                            rank,
+                            result: result.clone(),
+                        },
+                    ),
+                    _ => {}
+                }
+                let mut state = state.lock();
+                let Some((node, _)) = state.pending.get_mut(&key) else {
+                    return;
+                };
+                node.local_left -= 1;
+                node.partial.add(mode.fold(), rank, result);
+                if node.complete() {
+                    state.finish(&mailbox, key);
+                }
+            });
+        }
+        let complete = node.complete();
+        state.pending.insert(key.clone(), (node, cast.parent));
+        if complete {
+            state.finish(cx, key);
+        }
+        Ok(())
+    }
+}
+
+impl Handler<CastReply> for CommActor {
+    async fn handle(&mut self, cx: &Context<Self>, reply: CastReply) -> anyhow::Result<()> {
+        let CastReply::Subtree {
+            origin,
+            seq,
+            start,
+            end,
+            partial,
+        } = reply
+        else {
+            return Ok(());
+        };
+        let key = (origin, seq);
+        let mut state = self.state.lock();
+        let Some((node, _)) = state.pending.get_mut(&key) else {
+            return Ok(());
+        };
+        if node.take_subtree(start, end, partial) && node.complete() {
+            state.finish(cx, key);
+        }
+        Ok(())
+    }
+}
+
+impl Handler<ProcDied> for CommActor {
+    async fn handle(&mut self, cx: &Context<Self>, died: ProcDied) -> anyhow::Result<()> {
+        let mut state = self.state.lock();
+        state.dead.insert(died.proc.clone(), died.reason);
+        let dead = std::mem::take(&mut state.dead);
+        let me = me(cx);
+        let mut finished = Vec::new();
+        for (key, (node, _)) in state.pending.iter_mut() {
+            node.proc_died(cx, &me, &died.proc, &dead);
+            if node.complete() {
+                finished.push(key.clone());
+            }
+        }
+        state.dead = dead;
+        for key in finished {
+            state.finish(cx, key);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ca2_split_makes_at_most_fanout_balanced_contiguous_chunks() {
+        assert_eq!(split(0, 0, 16), vec![]);
+        assert_eq!(split(1, 4, 16), vec![(1, 2), (2, 3), (3, 4)]);
+        let chunks = split(0, 100, 16);
+        assert_eq!(chunks.len(), 16);
+        assert_eq!(chunks.first().unwrap().0, 0);
+        assert_eq!(chunks.last().unwrap().1, 100);
+        for pair in chunks.windows(2) {
+            assert_eq!(pair[0].1, pair[1].0);
+        }
+        let sizes: Vec<usize> = chunks.iter().map(|(lo, hi)| hi - lo).collect();
+        assert!(sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1);
+    }
+}

@@ -1,0 +1,29 @@
+//! hyperactor-mesh: meshes of procs and actors on the hyperactor runtime.
+//!
+//! - **shapes** ([`shape`]): named dimensions (an extent), slices of ranks
+//!   and selections;
+//! - **casting** ([`comm`], [`cast`]): a message to many actors travels down
+//!   a multicast tree of per-proc comm actors, and the replies come back up
+//!   the same tree, folded at each hop by host-native reducers ([`reduce`]);
+//! - **procs** ([`agent`], [`alloc`]): every proc of a mesh runs a proc
+//!   agent (spawns and stops actors, keeps content-addressed blobs) and a
+//!   comm actor; allocators start procs in this process, as child processes,
+//!   or through remote agents;
+//! - **supervision** ([`client`]): the controller's view of its procs, which
+//!   turns exits, signals and lost hosts into events.
+//!
+//! This crate knows nothing of Wasm or HTTP: what actors run is up to the
+//! actor factories the binary registers ([`agent::Registry`]).
+
+pub mod agent;
+pub mod alloc;
+pub mod cast;
+pub mod client;
+pub mod comm;
+pub mod reduce;
+pub mod shape;
+pub mod testing;
+
+pub use cast::{CastTarget, Caster, Outcome};
+pub use comm::{CastMode, MeshCall};
+pub use reduce::{RankError, Reducer};

@@ -1,0 +1,302 @@
+//! A mesh actor for tests, demos and benchmarks, and the registry that
+//! spawns it (kind `echo`).
+//!
+//! Endpoints: `echo` replies with the message; `rank` with the rank as a
+//! little-endian i64; `fail` replies with an endpoint error; `sleep` waits
+//! the message's milliseconds (an LE u64) first; `seq` checks that the
+//! LE u64 numbers it gets count up from 0 and replies with how many came
+//! out of order; `abort` and `segfault` end the whole process.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use hyperactor::{Actor, Context, Exports, Handler};
+
+use crate::agent::{Registry, SpawnArgs, SpawnedActor};
+use crate::comm::MeshCall;
+
+/// See the module docs.
+pub struct EchoMeshActor {
+    rank: u32,
+    next_seq: u64,
+    out_of_order: u64,
+}
+
+impl Actor for EchoMeshActor {
+    fn exports(exports: &mut Exports<Self>) {
+        exports.handle::<MeshCall>();
+    }
+}
+
+fn word(bytes: &[u8]) -> u64 {
+    bytes
+        .get(..8)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map(u64::from_le_bytes)
+        .unwrap_or(0)
+}
+
+impl Handler<MeshCall> for EchoMeshActor {
+    async fn handle(&mut self, cx: &Context<Self>, call: MeshCall) -> anyhow::Result<()> {
+        let reply = match call.endpoint.as_str() {
+            "echo" => Ok(call.message),
+            "rank" => Ok((self.rank as i64).to_le_bytes().to_vec()),
+            "fail" => Err(format!("rank {} refuses", self.rank)),
+            "sleep" => {
+                tokio::time::sleep(std::time::Duration::from_millis(word(&call.message))).await;
+                Ok(Vec::new())
+            }
+            "seq" => {
+                let n = word(&call.message);
+                if n != self.next_seq {
+                    self.out_of_order += 1;
+                }
+                self.next_seq = n + 1;
+                Ok(self.out_of_order.to_le_bytes().to_vec())
+            }
+            "abort" => std::process::abort(),
+            "segfault" => {
+                // SAFETY: raising a signal on this process, on purpose.
+                unsafe { libc::raise(libc::SIGSEGV) };
+                Ok(Vec::new())
+            }
+            other => Err(format!("no endpoint `{other}`")),
+        };
+        call.reply.send(cx, reply);
+        Ok(())
+    }
+}
+
+/// A registry with the `echo` kind, keeping blobs in `blob_dir`.
+pub fn echo_registry(blob_dir: PathBuf) -> Registry {
+    let mut registry = Registry::new(blob_dir);
+    registry.register(
+        "echo",
+        Arc::new(|args: SpawnArgs| {
+            Box::pin(async move {
+                let actor = EchoMeshActor {
+                    rank: args.rank,
+                    next_seq: 0,
+                    out_of_order: 0,
+                };
+                SpawnedActor::start(&args, actor).await
+            })
+        }),
+    );
+    registry
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::alloc::InProcessAllocator;
+    use crate::cast::{CastTarget, Caster, Outcome};
+    use crate::client::MeshClient;
+    use crate::comm::CastMode;
+    use crate::reduce::{RankError, Reducer};
+
+    async fn mesh(procs: usize, per_proc: u32) -> (Arc<MeshClient>, CastTarget) {
+        let registry = Arc::new(echo_registry(std::env::temp_dir().join("mesh-test-blobs")));
+        let allocator = Arc::new(InProcessAllocator::new(registry));
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let addr = format!(
+            "local:mesh-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        )
+        .parse()
+        .unwrap();
+        let client = MeshClient::new(addr, allocator, Arc::new(|_: &str| {}))
+            .await
+            .unwrap();
+        let allocated = client.spawn_procs(procs).await.unwrap();
+        let ids: Vec<_> = allocated.iter().map(|a| a.proc.clone()).collect();
+        let extent = vec![
+            ("procs".to_string(), procs as u32),
+            ("actors".to_string(), per_proc),
+        ];
+        client
+            .spawn_actors(
+                &ids,
+                &crate::client::ActorSpec {
+                    kind: "echo".into(),
+                    name: "e".into(),
+                    extent,
+                    params: vec![],
+                    per_proc,
+                },
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+        let ranks = (0..procs as u32)
+            .map(|p| (p * per_proc..(p + 1) * per_proc).collect())
+            .collect();
+        let target = CastTarget {
+            mesh: "e".into(),
+            procs: ids,
+            ranks,
+        };
+        (client, target)
+    }
+
+    #[tokio::test]
+    async fn ca2_a_reduction_over_many_procs_comes_back_as_one_value() {
+        let (client, target) = mesh(40, 3).await;
+        let mut caster = Caster::new(client.mailbox(), 4);
+        let seq = caster.cast(
+            &target,
+            "rank",
+            vec![],
+            CastMode::Reduce(Reducer::SumI64),
+            Duration::from_secs(5),
+        );
+        let n = 40 * 3;
+        assert_eq!(
+            caster.next().await,
+            Some(Outcome::Done {
+                seq,
+                result: Ok(vec![((n * (n - 1) / 2) as i64).to_le_bytes().to_vec()])
+            })
+        );
+        let seq = caster.cast(
+            &target,
+            "rank",
+            vec![],
+            CastMode::Gather,
+            Duration::from_secs(5),
+        );
+        let Some(Outcome::Done {
+            result: Ok(values), ..
+        }) = caster.next().await
+        else {
+            panic!("no gather")
+        };
+        let _ = seq;
+        let ranks: Vec<i64> = values
+            .iter()
+            .map(|v| i64::from_le_bytes(v[..8].try_into().unwrap()))
+            .collect();
+        assert_eq!(ranks, (0..n as i64).collect::<Vec<_>>());
+        assert!(caster.is_idle());
+    }
+
+    #[tokio::test]
+    async fn ca1_slices_keep_per_actor_order_through_the_tree() {
+        let (client, target) = mesh(20, 1).await;
+        let mut caster = Caster::new(client.mailbox(), 2);
+        // Alternate casts to the whole mesh and to one deep proc.
+        let mut only_last = target.clone();
+        for (i, ranks) in only_last.ranks.iter_mut().enumerate() {
+            if i != 19 {
+                ranks.clear();
+            }
+        }
+        // Even numbers go to the whole mesh, odd ones to the last proc
+        // only: the last actor must see them all, in order (CA-1).
+        let mut sent = 0u64;
+        for _ in 0..300 {
+            let to = if sent.is_multiple_of(2) {
+                &target
+            } else {
+                &only_last
+            };
+            caster.cast(
+                to,
+                "seq",
+                sent.to_le_bytes().to_vec(),
+                CastMode::Broadcast,
+                Duration::from_secs(5),
+            );
+            sent += 1;
+        }
+        let seq = caster.cast(
+            &only_last,
+            "seq",
+            sent.to_le_bytes().to_vec(),
+            CastMode::Reduce(Reducer::SumI64),
+            Duration::from_secs(5),
+        );
+        loop {
+            match caster.next().await {
+                Some(Outcome::Done { seq: s, result }) if s == seq => {
+                    assert_eq!(
+                        result.unwrap()[0],
+                        0i64.to_le_bytes().to_vec(),
+                        "out-of-order deliveries"
+                    );
+                    break;
+                }
+                Some(Outcome::Failed { error, .. }) => panic!("broadcast failed: {error}"),
+                Some(_) => {}
+                None => panic!("the cast never ended"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn streams_answer_per_rank_and_errors_name_the_lowest_rank() {
+        let (client, target) = mesh(5, 2).await;
+        let mut caster = Caster::new(client.mailbox(), 16);
+        let seq = caster.cast(
+            &target,
+            "rank",
+            vec![],
+            CastMode::Stream,
+            Duration::from_secs(5),
+        );
+        let mut seen = Vec::new();
+        loop {
+            match caster.next().await.unwrap() {
+                Outcome::Item {
+                    seq: s,
+                    rank,
+                    result,
+                } => {
+                    assert_eq!(s, seq);
+                    assert_eq!(result.unwrap(), (rank as i64).to_le_bytes().to_vec());
+                    seen.push(rank);
+                }
+                Outcome::End { seq: s } => {
+                    assert_eq!(s, seq);
+                    break;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        seen.sort();
+        assert_eq!(seen, (0..10).collect::<Vec<_>>());
+
+        let seq = caster.cast(
+            &target,
+            "fail",
+            vec![],
+            CastMode::Gather,
+            Duration::from_secs(5),
+        );
+        assert_eq!(
+            caster.next().await,
+            Some(Outcome::Done {
+                seq,
+                result: Err((0, RankError::Endpoint("rank 0 refuses".into())))
+            })
+        );
+        let seq = caster.cast(
+            &target,
+            "sleep",
+            2000u64.to_le_bytes().to_vec(),
+            CastMode::Gather,
+            Duration::from_millis(100),
+        );
+        let Some(Outcome::Done {
+            seq: s,
+            result: Err((_, RankError::Timeout(100))),
+        }) = caster.next().await
+        else {
+            panic!("no timeout")
+        };
+        assert_eq!(s, seq);
+    }
+}
