@@ -5,7 +5,9 @@
 //! little-endian i64; `fail` replies with an endpoint error; `sleep` waits
 //! the message's milliseconds (an LE u64) first; `seq` checks that the
 //! LE u64 numbers it gets count up from 0 and replies with how many came
-//! out of order; `abort` and `segfault` end the whole process.
+//! out of order; `count` replies with the next number `seq` expects;
+//! `exit` ends the whole process with the message's code (an LE u64),
+//! `abort` and `segfault` end it by a signal.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -54,10 +56,17 @@ impl Handler<MeshCall> for EchoMeshActor {
                 self.next_seq = n + 1;
                 Ok(self.out_of_order.to_le_bytes().to_vec())
             }
+            "count" => Ok(self.next_seq.to_le_bytes().to_vec()),
+            "exit" => std::process::exit(word(&call.message) as i32),
             "abort" => std::process::abort(),
             "segfault" => {
-                // SAFETY: raising a signal on this process, on purpose.
-                unsafe { libc::raise(libc::SIGSEGV) };
+                // Rust's own SIGSEGV handler (for stack overflows) would
+                // return from a raised signal: restore the default first.
+                // SAFETY: crashing this process, on purpose.
+                unsafe {
+                    libc::signal(libc::SIGSEGV, libc::SIG_DFL);
+                    libc::raise(libc::SIGSEGV);
+                }
                 Ok(Vec::new())
             }
             other => Err(format!("no endpoint `{other}`")),

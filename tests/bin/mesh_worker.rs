@@ -1,0 +1,41 @@
+//! The peer of the mesh tests.
+//!
+//! - With `MONARCH_BOOTSTRAP` set (started by an allocator): one proc of a
+//!   mesh whose actors are `hyperactor_mesh::testing::EchoMeshActor`s.
+//! - `mesh-worker controller N`: a stand-in controller that starts N child
+//!   procs, prints `PIDS p1 p2 ...` and waits; the no-orphans test kills it.
+
+use std::sync::Arc;
+
+use hyperactor_mesh::alloc::{Allocator, BootstrapCommand, LocalAllocator, bootstrap_main};
+use hyperactor_mesh::client::MeshClient;
+use hyperactor_mesh::testing::echo_registry;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("controller") {
+        let count: usize = args.get(1).map(|n| n.parse()).transpose()?.unwrap_or(2);
+        let command = BootstrapCommand::current_exe(&[])?;
+        let blobs = std::env::temp_dir().join("mesh-worker-blobs");
+        let allocator = LocalAllocator::new(command, Arc::new(echo_registry(blobs)))?;
+        let socket = std::env::temp_dir().join(format!("mesh-ctl-{}.sock", std::process::id()));
+        let allocator: Arc<dyn Allocator> = Arc::new(allocator);
+        let client = MeshClient::new(
+            format!("unix:{}", socket.display()).parse()?,
+            allocator,
+            Arc::new(|_: &str| {}),
+        )
+        .await?;
+        let procs = client.spawn_procs(count).await?;
+        let pids: Vec<String> = procs
+            .iter()
+            .filter_map(|p| p.pid)
+            .map(|p| p.to_string())
+            .collect();
+        println!("PIDS {}", pids.join(" "));
+        hyperactor::testing::stdin_closed().await?;
+        return Ok(());
+    }
+    bootstrap_main(|config| echo_registry(config.blob_dir.clone())).await
+}

@@ -1,0 +1,346 @@
+//! Meshes across OS processes on one machine: procs are child processes
+//! (`mesh-worker`, through the local allocator), actors are
+//! `hyperactor_mesh::testing::EchoMeshActor`s, and the controller is this
+//! test.
+//!
+//! What a user would notice: calls over many processes come back whole and
+//! in order; a proc killed by SIGKILL, crashed by SIGSEGV or exiting with a
+//! code fails exactly its own ranks, with a reason that says which, while
+//! the other ranks complete; and no proc outlives its controller.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hyperactor_mesh::agent::MeshEvent;
+use hyperactor_mesh::alloc::{Allocated, BootstrapCommand, LocalAllocator};
+use hyperactor_mesh::client::{ActorSpec, MeshClient};
+use hyperactor_mesh::testing::echo_registry;
+use hyperactor_mesh::{CastMode, CastTarget, Caster, Outcome, RankError, Reducer};
+use tokio::sync::mpsc;
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+struct Mesh {
+    client: Arc<MeshClient>,
+    procs: Vec<Allocated>,
+    target: CastTarget,
+    events: mpsc::UnboundedReceiver<MeshEvent>,
+}
+
+async fn mesh(procs: usize, per_proc: u32) -> Mesh {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let command = BootstrapCommand {
+        program: env!("CARGO_BIN_EXE_mesh-worker").into(),
+        args: vec![],
+    };
+    let blobs = std::env::temp_dir().join("mesh-procs-blobs");
+    let allocator = LocalAllocator::new(command, Arc::new(echo_registry(blobs))).unwrap();
+    let socket = std::env::temp_dir().join(format!("mesh-procs-{}-{n}.sock", std::process::id()));
+    let client = MeshClient::new(
+        format!("unix:{}", socket.display()).parse().unwrap(),
+        Arc::new(allocator),
+        Arc::new(|_: &str| {}),
+    )
+    .await
+    .unwrap();
+    let events = client.subscribe();
+    let allocated = client.spawn_procs(procs).await.unwrap();
+    let ids: Vec<_> = allocated.iter().map(|a| a.proc.clone()).collect();
+    let spec = ActorSpec {
+        kind: "echo".into(),
+        name: "echo".into(),
+        extent: vec![("procs".into(), procs as u32), ("actors".into(), per_proc)],
+        params: vec![],
+        per_proc,
+    };
+    client.spawn_actors(&ids, &spec, TIMEOUT).await.unwrap();
+    let ranks = (0..procs as u32)
+        .map(|p| (p * per_proc..(p + 1) * per_proc).collect())
+        .collect();
+    Mesh {
+        client,
+        procs: allocated,
+        target: CastTarget {
+            mesh: "echo".into(),
+            procs: ids,
+            ranks,
+        },
+        events,
+    }
+}
+
+/// The next outcome, feeding proc deaths to the caster as they come.
+async fn next(mesh: &mut Mesh, caster: &mut Caster) -> Outcome {
+    let wait = async {
+        loop {
+            tokio::select! {
+                outcome = caster.next() => return outcome.expect("nothing in flight"),
+                Some(event) = mesh.events.recv() => {
+                    if let MeshEvent::ProcStopped { proc, reason } = event {
+                        caster.proc_died(&proc, &reason);
+                    }
+                }
+            }
+        }
+    };
+    tokio::time::timeout(TIMEOUT, wait)
+        .await
+        .expect("an outcome within the test timeout")
+}
+
+fn int(v: i64) -> Vec<u8> {
+    v.to_le_bytes().to_vec()
+}
+
+/// The reason the proc stopped, from the client's events.
+async fn stopped(mesh: &mut Mesh) -> String {
+    tokio::time::timeout(TIMEOUT, async {
+        loop {
+            if let Some(MeshEvent::ProcStopped { reason, .. }) = mesh.events.recv().await {
+                return reason;
+            }
+        }
+    })
+    .await
+    .expect("the proc's end is reported")
+}
+
+#[tokio::test]
+async fn gathers_and_reductions_span_processes() {
+    let mut mesh = mesh(4, 3).await;
+    assert!(mesh.procs.iter().all(|p| p.pid.is_some()));
+    let mut caster = Caster::new(mesh.client.mailbox(), 2);
+    let seq = caster.cast(&mesh.target, "rank", vec![], CastMode::Gather, TIMEOUT);
+    let Outcome::Done { seq: s, result } = next(&mut mesh, &mut caster).await else {
+        panic!("not a final outcome")
+    };
+    assert_eq!(s, seq);
+    assert_eq!(result.unwrap(), (0..12).map(int).collect::<Vec<_>>());
+    let seq = caster.cast(
+        &mesh.target,
+        "rank",
+        vec![],
+        CastMode::Reduce(Reducer::MaxI64),
+        TIMEOUT,
+    );
+    assert_eq!(
+        next(&mut mesh, &mut caster).await,
+        Outcome::Done {
+            seq,
+            result: Ok(vec![int(11)])
+        }
+    );
+}
+
+/// SV-1, CA-3: a proc killed mid-call fails its own ranks quickly; the
+/// other ranks of a stream complete, and a gather names the dead rank.
+#[tokio::test]
+async fn a_proc_killed_mid_call_fails_only_its_ranks() {
+    let mut mesh = mesh(4, 1).await;
+    let mut caster = Caster::new(mesh.client.mailbox(), 2);
+    let started = Instant::now();
+    let message = 500u64.to_le_bytes().to_vec();
+    let stream = caster.cast(
+        &mesh.target,
+        "sleep",
+        message.clone(),
+        CastMode::Stream,
+        TIMEOUT,
+    );
+    let gather = caster.cast(&mesh.target, "sleep", message, CastMode::Gather, TIMEOUT);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let victim = mesh.target.procs[2].clone();
+    mesh.client.kill(&victim, libc::SIGKILL).unwrap();
+    let mut items = Vec::new();
+    let mut gathered = None;
+    while items.len() < 4 || gathered.is_none() {
+        match next(&mut mesh, &mut caster).await {
+            Outcome::Item { seq, rank, result } if seq == stream => items.push((rank, result)),
+            Outcome::Done { seq, result } if seq == gather => gathered = Some(result),
+            Outcome::End { seq } if seq == stream => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "failures took {:?}",
+        started.elapsed()
+    );
+    items.sort_by_key(|(rank, _)| *rank);
+    for (rank, result) in &items {
+        match (rank, result) {
+            (2, Err(RankError::Failed(reason))) => {
+                assert!(reason.contains("SIGKILL"), "{reason}")
+            }
+            (2, other) => panic!("rank 2 answered {other:?}"),
+            (_, result) => assert!(result.is_ok(), "rank {rank}: {result:?}"),
+        }
+    }
+    let (rank, error) = gathered.unwrap().unwrap_err();
+    assert_eq!(rank, 2);
+    assert!(
+        error.to_string().contains("killed by signal 9 (SIGKILL)"),
+        "{error}"
+    );
+    assert!(mesh.client.dead(&victim).is_some());
+    // SV-2: the dead proc refuses new actors, by name.
+    let spec = ActorSpec {
+        kind: "echo".into(),
+        name: "again".into(),
+        extent: vec![("procs".into(), 1)],
+        params: vec![],
+        per_proc: 1,
+    };
+    let err = mesh
+        .client
+        .spawn_actors(std::slice::from_ref(&victim), &spec, TIMEOUT)
+        .await
+        .unwrap_err();
+    assert!(err.contains(&victim.to_string()), "{err}");
+    // A failed proc's place can be taken by a new proc.
+    let fresh = mesh.client.spawn_procs(1).await.unwrap();
+    mesh.client
+        .spawn_actors(&[fresh[0].proc.clone()], &spec, TIMEOUT)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn crashes_and_exit_codes_are_reported_by_name() {
+    let mut mesh = mesh(3, 1).await;
+    let mut caster = Caster::new(mesh.client.mailbox(), 16);
+    let all = mesh.target.clone();
+    let only = |rank: usize| {
+        let mut target = all.clone();
+        for (i, ranks) in target.ranks.iter_mut().enumerate() {
+            if i != rank {
+                ranks.clear();
+            }
+        }
+        target
+    };
+    let (segv, exit) = (only(1), only(2));
+    let seq = caster.cast(&segv, "segfault", vec![], CastMode::Gather, TIMEOUT);
+    let reason = stopped(&mut mesh).await;
+    assert!(reason.contains("SIGSEGV"), "{reason}");
+    caster.proc_died(&mesh.target.procs[1], &reason);
+    let Outcome::Done { seq: s, result } = next(&mut mesh, &mut caster).await else {
+        panic!("no outcome")
+    };
+    assert_eq!(s, seq);
+    assert!(result.unwrap_err().1.to_string().contains("SIGSEGV"));
+
+    caster.cast(
+        &exit,
+        "exit",
+        3u64.to_le_bytes().to_vec(),
+        CastMode::Broadcast,
+        TIMEOUT,
+    );
+    assert_eq!(stopped(&mut mesh).await, "exited with code 3");
+    // The survivor still answers.
+    let seq = caster.cast(&only(0), "rank", vec![], CastMode::Gather, TIMEOUT);
+    loop {
+        match next(&mut mesh, &mut caster).await {
+            Outcome::Done { seq: s, result } if s == seq => {
+                assert_eq!(result.unwrap(), vec![int(0)]);
+                break;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// CA-1: 10,000 casts through a tree three levels deep reach every actor
+/// in the order they were sent.
+#[tokio::test]
+async fn ten_thousand_casts_arrive_in_order_through_the_tree() {
+    let mut mesh = mesh(8, 2).await;
+    let mut caster = Caster::new(mesh.client.mailbox(), 2);
+    for n in 0..10_000u64 {
+        caster.cast(
+            &mesh.target,
+            "seq",
+            n.to_le_bytes().to_vec(),
+            CastMode::Broadcast,
+            TIMEOUT,
+        );
+    }
+    let seq = caster.cast(
+        &mesh.target,
+        "count",
+        vec![],
+        CastMode::Reduce(Reducer::MinI64),
+        TIMEOUT,
+    );
+    let check = caster.cast(
+        &mesh.target,
+        "seq",
+        10_000u64.to_le_bytes().to_vec(),
+        CastMode::Reduce(Reducer::SumI64),
+        TIMEOUT,
+    );
+    let mut results = std::collections::HashMap::new();
+    while results.len() < 2 {
+        match next(&mut mesh, &mut caster).await {
+            Outcome::Done { seq, result } => {
+                results.insert(seq, result.unwrap());
+            }
+            Outcome::Failed { rank, error, .. } => panic!("rank {rank} failed: {error}"),
+            _ => {}
+        }
+    }
+    assert_eq!(
+        results[&seq],
+        vec![int(10_000)],
+        "every actor got all 10,000"
+    );
+    assert_eq!(
+        results[&check],
+        vec![int(0)],
+        "no actor saw one out of order"
+    );
+}
+
+/// AL-1: killing the controller outright takes its procs with it.
+#[test]
+fn no_proc_outlives_a_killed_controller() {
+    use std::io::BufRead;
+    let mut controller = std::process::Command::new(env!("CARGO_BIN_EXE_mesh-worker"))
+        .args(["controller", "3"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(controller.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let pids: Vec<i32> = line
+        .trim()
+        .strip_prefix("PIDS ")
+        .expect("the controller lists its procs")
+        .split(' ')
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 3);
+    assert!(pids.iter().all(|&pid| alive(pid)));
+    controller.kill().unwrap();
+    controller.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pids.iter().any(|&pid| alive(pid)) {
+        assert!(Instant::now() < deadline, "orphans left: {pids:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether `pid` runs (a zombie waiting to be reaped does not).
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
