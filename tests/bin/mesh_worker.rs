@@ -4,6 +4,8 @@
 //!   mesh whose actors are `hyperactor_mesh::testing::EchoMeshActor`s.
 //! - `mesh-worker controller N`: a stand-in controller that starts N child
 //!   procs, prints `PIDS p1 p2 ...` and waits; the no-orphans test kills it.
+//! - `mesh-worker agent IP:PORT TOKEN`: a host agent whose procs are
+//!   mesh-workers; prints `AGENT ADDR` and serves until stdin closes.
 
 use std::sync::Arc;
 
@@ -34,6 +36,25 @@ async fn main() -> anyhow::Result<()> {
             .map(|p| p.to_string())
             .collect();
         println!("PIDS {}", pids.join(" "));
+        hyperactor::testing::stdin_closed().await?;
+        return Ok(());
+    }
+    if args.first().map(String::as_str) == Some("agent") {
+        let addr = format!(
+            "tcp:{}",
+            args.get(1).map(String::as_str).unwrap_or("127.0.0.1:0")
+        );
+        let token = args.get(2).cloned();
+        let command = BootstrapCommand::current_exe(&[])?;
+        let blobs = std::env::temp_dir().join(format!("mesh-agent-blobs-{}", std::process::id()));
+        let proc = hyperactor_mesh::remote::serve_agent(
+            addr.parse()?,
+            token,
+            command,
+            echo_registry(blobs),
+        )
+        .await?;
+        println!("AGENT {}", proc.id().addr());
         hyperactor::testing::stdin_closed().await?;
         return Ok(());
     }

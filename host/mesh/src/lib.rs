@@ -21,6 +21,7 @@ pub mod cast;
 pub mod client;
 pub mod comm;
 pub mod reduce;
+pub mod remote;
 pub mod shape;
 pub mod testing;
 

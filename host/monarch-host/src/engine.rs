@@ -36,7 +36,7 @@ pub struct Sandbox {
 }
 
 /// Where the procs of a program run.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Placement {
     /// Inside the host's own process: cheapest, but one crash ends all.
     InProcess,
@@ -45,6 +45,15 @@ pub enum Placement {
     Local {
         /// The `monarch-host` binary.
         program: PathBuf,
+    },
+    /// On other hosts, through their agents (`monarch-host agent`).
+    Hosts {
+        /// The agents' addresses (`tcp:IP:PORT`).
+        agents: Vec<hyperactor::ChannelAddr>,
+        /// The cluster token.
+        token: String,
+        /// Heartbeats and timeouts.
+        liveness: hyperactor_mesh::remote::Liveness,
     },
 }
 

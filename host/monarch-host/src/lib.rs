@@ -30,4 +30,4 @@ pub mod wasm_actor;
 mod run;
 
 pub use engine::{LoadError, Loaded, Placement, Sandbox};
-pub use run::{RunError, run_program};
+pub use run::{RunError, blob_dir, run_program};

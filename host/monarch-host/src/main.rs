@@ -27,6 +27,11 @@ enum Command {
     ///
     /// Example: monarch-host run hello.wasm -- --greeting hi
     Run(RunArgs),
+    /// Serves this machine to controllers: starts procs for them (as child
+    /// processes of this agent) and keeps the programs they ship.
+    ///
+    /// Example: monarch-host agent --listen 10.0.0.2:7070 --token-file /etc/monarch/token
+    Agent(AgentArgs),
     /// Serves one proc of a mesh; monarch-host starts it, not users.
     #[command(hide = true)]
     Bootstrap,
@@ -42,8 +47,22 @@ struct RunArgs {
     procs: u32,
     /// Runs the procs inside this process instead of as child
     /// processes: calls are cheaper, but a crash ends everything.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["hosts", "hosts_file"])]
     in_process: bool,
+    /// Runs the procs on other machines, through the agents at these
+    /// addresses (`IP:PORT` or `HOST:PORT`, comma-separated), round-robin.
+    #[arg(long, value_delimiter = ',', conflicts_with = "hosts_file")]
+    hosts: Vec<String>,
+    /// Like --hosts, one agent address per line (`#` starts a comment).
+    #[arg(long)]
+    hosts_file: Option<PathBuf>,
+    /// The cluster token the agents were started with (--hosts).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Seconds without an answer to heartbeats after which a host is lost
+    /// and its procs fail (--hosts).
+    #[arg(long, default_value_t = 5.0)]
+    heartbeat_timeout: f64,
     /// The fan-out of the multicast trees that carry casts to meshes.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
     fanout: u32,
@@ -70,12 +89,28 @@ struct RunArgs {
     args: Vec<String>,
 }
 
+#[derive(Debug, clap::Args)]
+struct AgentArgs {
+    /// Where to listen for controllers: IP:PORT with a specific IP, which
+    /// is also where this machine's procs are reached.
+    #[arg(long)]
+    listen: String,
+    /// A file holding the cluster token; controllers must present it.
+    /// Required unless the address is a loopback one.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let RunArgs {
         app,
         procs,
         in_process,
+        hosts,
+        hosts_file,
+        token_file,
+        heartbeat_timeout,
         fanout,
         memory,
         timeout,
@@ -84,10 +119,19 @@ fn main() -> ExitCode {
         args,
     } = match cli.command {
         Command::Bootstrap => return bootstrap(),
+        Command::Agent(args) => return agent(args),
         Command::Run(run) => run,
     };
     init_tracing();
-    let placement = if in_process {
+    let placement = if !hosts.is_empty() || hosts_file.is_some() {
+        match remote_placement(hosts, hosts_file, token_file, heartbeat_timeout) {
+            Ok(placement) => placement,
+            Err(e) => {
+                eprintln!("monarch-host: error: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else if in_process {
         Placement::InProcess
     } else {
         match std::env::current_exe() {
@@ -173,4 +217,117 @@ fn bootstrap() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Parses `IP:PORT`, `tcp:IP:PORT` or `HOST:PORT` into an agent address.
+fn agent_addr(text: &str) -> Result<hyperactor::ChannelAddr, String> {
+    use std::net::ToSocketAddrs;
+    let text = text.trim();
+    let bare = text.strip_prefix("tcp:").unwrap_or(text);
+    let addr = bare
+        .to_socket_addrs()
+        .map_err(|e| format!("`{text}` is not an address (IP:PORT or HOST:PORT): {e}"))?
+        .next()
+        .ok_or_else(|| format!("`{text}` resolves to no address"))?;
+    Ok(hyperactor::ChannelAddr::Tcp(addr))
+}
+
+fn read_token(path: &std::path::Path) -> Result<String, String> {
+    let token = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?;
+    let token = token.trim().to_string();
+    if token.is_empty() {
+        return Err(format!("the token file {} is empty", path.display()));
+    }
+    Ok(token)
+}
+
+fn remote_placement(
+    hosts: Vec<String>,
+    hosts_file: Option<PathBuf>,
+    token_file: Option<PathBuf>,
+    heartbeat_timeout: f64,
+) -> Result<Placement, String> {
+    let lines: Vec<String> = match hosts_file {
+        Some(file) => std::fs::read_to_string(&file)
+            .map_err(|e| format!("cannot read the hosts file {}: {e}", file.display()))?
+            .lines()
+            .map(|l| l.split('#').next().unwrap_or("").trim().to_string())
+            .filter(|l| !l.is_empty())
+            .collect(),
+        None => hosts,
+    };
+    if lines.is_empty() {
+        return Err("no hosts given".into());
+    }
+    let agents = lines
+        .iter()
+        .map(|l| agent_addr(l))
+        .collect::<Result<Vec<_>, _>>()?;
+    let token = match token_file {
+        Some(path) => read_token(&path)?,
+        None if agents.iter().all(is_loopback) => String::new(),
+        None => {
+            return Err(
+                "--hosts needs --token-file: the cluster token the agents were started with".into(),
+            );
+        }
+    };
+    if !(heartbeat_timeout.is_finite() && heartbeat_timeout > 0.0) {
+        return Err("--heartbeat-timeout must be a positive number of seconds".into());
+    }
+    let host_timeout = Duration::from_secs_f64(heartbeat_timeout);
+    let liveness = hyperactor_mesh::remote::Liveness {
+        heartbeat: (host_timeout / 5).max(Duration::from_millis(50)),
+        host_timeout,
+        keepalive: host_timeout * 2,
+    };
+    Ok(Placement::Hosts {
+        agents,
+        token,
+        liveness,
+    })
+}
+
+fn is_loopback(addr: &hyperactor::ChannelAddr) -> bool {
+    matches!(addr, hyperactor::ChannelAddr::Tcp(a) if a.ip().is_loopback())
+}
+
+/// Serves this machine to controllers until killed.
+fn agent(args: AgentArgs) -> ExitCode {
+    init_tracing();
+    let fail = |e: String| {
+        eprintln!("monarch-host agent: error: {e}");
+        ExitCode::FAILURE
+    };
+    let addr = match agent_addr(&args.listen) {
+        Ok(addr) => addr,
+        Err(e) => return fail(e),
+    };
+    let token = match args.token_file.as_deref().map(read_token).transpose() {
+        Ok(token) => token,
+        Err(e) => return fail(e),
+    };
+    let command = match hyperactor_mesh::alloc::BootstrapCommand::current_exe(&["bootstrap"]) {
+        Ok(command) => command,
+        Err(e) => return fail(format!("cannot find this binary to start procs: {e}")),
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return fail(format!("cannot start the runtime: {e}")),
+    };
+    runtime.block_on(async move {
+        let registry = monarch_host::wasm_actor::registry(monarch_host::blob_dir(), None);
+        match hyperactor_mesh::remote::serve_agent(addr, token, command, registry).await {
+            Ok(proc) => {
+                eprintln!("monarch-host agent: serving on {}", proc.id().addr());
+                let _ = tokio::signal::ctrl_c().await;
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(e.to_string()),
+        }
+    })
 }

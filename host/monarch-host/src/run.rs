@@ -9,6 +9,7 @@ use std::time::Instant;
 use hyperactor_mesh::agent::Registry;
 use hyperactor_mesh::alloc::{Allocator, BootstrapCommand, InProcessAllocator, LocalAllocator};
 use hyperactor_mesh::client::MeshClient;
+use hyperactor_mesh::remote::{RemoteAllocator, local_ip_towards};
 
 use crate::bindings::{Program, ProgramPre};
 use crate::engine::{self, LoadError, Placement, Sandbox};
@@ -140,6 +141,25 @@ async fn start_client(
             let socket = std::env::temp_dir().join(format!("monarch-{run}.sock"));
             (format!("unix:{}", socket.display()), Arc::new(allocator))
         }
+        Placement::Hosts {
+            agents,
+            token,
+            liveness,
+        } => {
+            let first = agents.first().ok_or("no hosts given")?;
+            let ip = local_ip_towards(first)
+                .ok_or_else(|| format!("no route from this machine to {first}"))?;
+            let here = |port: u16| format!("tcp:{}", std::net::SocketAddr::new(ip, port));
+            let allocator = RemoteAllocator::new(
+                here(0).parse().map_err(|e| format!("{e}"))?,
+                agents.clone(),
+                token.clone(),
+                *liveness,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            (here(0), Arc::new(allocator))
+        }
     };
     let addr = addr.parse().map_err(|e| format!("{e}"))?;
     MeshClient::new(addr, allocator, log)
@@ -149,7 +169,7 @@ async fn start_client(
 
 /// Where this host keeps blobs: beside the compile cache, or in the
 /// temporary directory.
-pub(crate) fn blob_dir() -> PathBuf {
+pub fn blob_dir() -> PathBuf {
     engine::cache_dir()
         .unwrap_or_else(|| std::env::temp_dir().join("monarch-host"))
         .join("blobs")

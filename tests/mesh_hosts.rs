@@ -1,0 +1,386 @@
+//! Meshes across hosts: agents in Linux network namespaces at addresses of
+//! their own, a controller in this test reaching them over a bridge.
+//!
+//! What a user would notice: a host cut off in the middle of a call fails
+//! its own ranks within the heartbeat timeout while the other host's ranks
+//! complete, and the cut-off agent stops its procs; kills and crashes on a
+//! remote host are reported by name; casts through a tree that spans hosts
+//! arrive in order; and `monarch-host run --hosts` runs a program there.
+//!
+//! These tests need root and iproute2; without them they say why and pass.
+
+#[path = "support/netns.rs"]
+mod netns;
+
+use std::io::BufRead;
+use std::process::{Child, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hyperactor_mesh::agent::MeshEvent;
+use hyperactor_mesh::client::{ActorSpec, MeshClient};
+use hyperactor_mesh::remote::{Liveness, RemoteAllocator};
+use hyperactor_mesh::{CastMode, CastTarget, Caster, Outcome, RankError, Reducer};
+use netns::NetCluster;
+use tokio::sync::mpsc;
+
+const TOKEN: &str = "mesh-hosts-test-token";
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+fn skip() -> bool {
+    match NetCluster::unavailable() {
+        Some(reason) => {
+            eprintln!("skipped: {reason}");
+            true
+        }
+        None => false,
+    }
+}
+
+/// An agent in host `i`; killed (with its procs) when dropped.
+struct Agent {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_agent(net: &NetCluster, i: usize, program: &str, args: &[String]) -> Agent {
+    let mut child = net
+        .command(i, std::path::Path::new(program))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start an agent");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout
+        .read_line(&mut line)
+        .expect("the agent says where it serves");
+    let addr = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .unwrap_or_default()
+        .trim_start_matches("tcp:")
+        .to_string();
+    assert!(!addr.is_empty(), "agent printed {line:?}");
+    Agent { child, addr }
+}
+
+struct Hosts {
+    net: NetCluster,
+    _agents: Vec<Agent>,
+    client: Arc<MeshClient>,
+    target: CastTarget,
+    hosts_of: Vec<usize>,
+    pids: Vec<u32>,
+    events: mpsc::UnboundedReceiver<MeshEvent>,
+}
+
+async fn hosts(count: usize, procs: usize, liveness: Liveness) -> Hosts {
+    let net = NetCluster::new(count).expect("namespaces");
+    let agents: Vec<Agent> = (0..count)
+        .map(|i| {
+            let args = vec![
+                "agent".to_string(),
+                format!("{}:7070", net.host_ip(i)),
+                TOKEN.to_string(),
+            ];
+            start_agent(&net, i, env!("CARGO_BIN_EXE_mesh-worker"), &args)
+        })
+        .collect();
+    let local = format!("tcp:{}:0", net.root_ip());
+    let allocator = RemoteAllocator::new(
+        local.parse().unwrap(),
+        agents
+            .iter()
+            .map(|a| format!("tcp:{}", a.addr).parse().unwrap())
+            .collect(),
+        TOKEN.into(),
+        liveness,
+    )
+    .await
+    .expect("the agents answer");
+    let client = MeshClient::new(
+        local.parse().unwrap(),
+        Arc::new(allocator),
+        Arc::new(|_: &str| {}),
+    )
+    .await
+    .unwrap();
+    let events = client.subscribe();
+    let allocated = client.spawn_procs(procs).await.unwrap();
+    let ids: Vec<_> = allocated.iter().map(|a| a.proc.clone()).collect();
+    let spec = ActorSpec {
+        kind: "echo".into(),
+        name: "echo".into(),
+        extent: vec![("procs".into(), procs as u32)],
+        params: vec![],
+        per_proc: 1,
+    };
+    client.spawn_actors(&ids, &spec, TIMEOUT).await.unwrap();
+    Hosts {
+        net,
+        _agents: agents,
+        target: CastTarget {
+            mesh: "echo".into(),
+            procs: ids,
+            ranks: (0..procs as u32).map(|r| vec![r]).collect(),
+        },
+        hosts_of: allocated.iter().map(|a| a.host).collect(),
+        pids: allocated.iter().map(|a| a.pid.unwrap_or(0)).collect(),
+        client,
+        events,
+    }
+}
+
+async fn next(hosts: &mut Hosts, caster: &mut Caster) -> Outcome {
+    let wait = async {
+        loop {
+            tokio::select! {
+                outcome = caster.next() => return outcome.expect("nothing in flight"),
+                Some(event) = hosts.events.recv() => {
+                    if let MeshEvent::ProcStopped { proc, reason } = event {
+                        caster.proc_died(&proc, &reason);
+                    }
+                }
+            }
+        }
+    };
+    tokio::time::timeout(TIMEOUT, wait)
+        .await
+        .expect("an outcome within the test timeout")
+}
+
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// RM-2, RM-3, CA-3: a partition in the middle of a call.
+#[tokio::test]
+async fn a_partitioned_host_fails_its_ranks_and_the_other_host_completes() {
+    if skip() {
+        return;
+    }
+    let liveness = Liveness {
+        heartbeat: Duration::from_millis(200),
+        host_timeout: Duration::from_millis(1500),
+        keepalive: Duration::from_millis(2500),
+    };
+    let mut hosts = hosts(2, 4, liveness).await;
+    assert_eq!(hosts.hosts_of, vec![0, 1, 0, 1], "round-robin over hosts");
+    let mut caster = Caster::new(hosts.client.mailbox(), 16);
+    let sleep = 2500u64.to_le_bytes().to_vec();
+    let stream = caster.cast(
+        &hosts.target,
+        "sleep",
+        sleep.clone(),
+        CastMode::Stream,
+        TIMEOUT,
+    );
+    let gather = caster.cast(&hosts.target, "sleep", sleep, CastMode::Gather, TIMEOUT);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    hosts.net.partition(1).unwrap();
+    let cut = Instant::now();
+    let mut items = Vec::new();
+    let mut gathered = None;
+    while items.len() < 4 || gathered.is_none() {
+        match next(&mut hosts, &mut caster).await {
+            Outcome::Item { seq, rank, result } if seq == stream => {
+                items.push((rank, result, cut.elapsed()))
+            }
+            Outcome::Done { seq, result } if seq == gather => gathered = Some(result),
+            _ => {}
+        }
+    }
+    for (rank, result, after) in &items {
+        if rank % 2 == 1 {
+            let Err(RankError::Failed(reason)) = result else {
+                panic!("rank {rank} on the cut-off host answered {result:?}")
+            };
+            assert!(reason.contains("lost with its host"), "{reason}");
+            assert!(
+                *after < Duration::from_millis(3000),
+                "rank {rank} failed after {after:?}"
+            );
+        } else {
+            assert_eq!(result.as_ref().map(Vec::len), Ok(0), "rank {rank}");
+        }
+    }
+    let (rank, error) = gathered.unwrap().unwrap_err();
+    assert_eq!(rank, 1, "{error}");
+    // RM-2: the cut-off agent stops its procs once the keepalive passes.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let cut_off: Vec<u32> = (0..4)
+        .filter(|r| r % 2 == 1)
+        .map(|r| hosts.pids[r])
+        .collect();
+    while cut_off.iter().any(|&pid| alive(pid)) {
+        assert!(
+            Instant::now() < deadline,
+            "procs of the cut-off host still run"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    hosts.net.heal(1).unwrap();
+}
+
+#[tokio::test]
+async fn remote_kills_crashes_and_ordered_casts() {
+    if skip() {
+        return;
+    }
+    let mut hosts = hosts(2, 6, Liveness::default()).await;
+    let mut caster = Caster::new(hosts.client.mailbox(), 2);
+    // kill -9 of a proc on host 1.
+    let victim = hosts.target.procs[1].clone();
+    hosts.client.kill(&victim, libc::SIGKILL).unwrap();
+    let reason = loop {
+        if let Some(MeshEvent::ProcStopped { proc, reason }) = hosts.events.recv().await {
+            assert_eq!(proc, victim);
+            caster.proc_died(&proc, &reason);
+            break reason;
+        }
+    };
+    assert!(reason.contains("SIGKILL"), "{reason}");
+    // A crash by SIGSEGV on host 0.
+    let mut only = hosts.target.clone();
+    for (i, ranks) in only.ranks.iter_mut().enumerate() {
+        if i != 2 {
+            ranks.clear();
+        }
+    }
+    let seq = caster.cast(&only, "segfault", vec![], CastMode::Gather, TIMEOUT);
+    let Outcome::Done { seq: s, result } = next(&mut hosts, &mut caster).await else {
+        panic!("no outcome")
+    };
+    assert_eq!(s, seq);
+    let (_, error) = result.unwrap_err();
+    assert!(error.to_string().contains("SIGSEGV"), "{error}");
+    // 10,000 casts through a tree across both hosts, around the dead procs.
+    let mut live = hosts.target.clone();
+    live.ranks[1].clear();
+    live.ranks[2].clear();
+    for n in 0..10_000u64 {
+        caster.cast(
+            &live,
+            "seq",
+            n.to_le_bytes().to_vec(),
+            CastMode::Broadcast,
+            TIMEOUT,
+        );
+    }
+    let count = caster.cast(
+        &live,
+        "count",
+        vec![],
+        CastMode::Reduce(Reducer::MinI64),
+        TIMEOUT,
+    );
+    let check = caster.cast(
+        &live,
+        "seq",
+        10_000u64.to_le_bytes().to_vec(),
+        CastMode::Reduce(Reducer::SumI64),
+        TIMEOUT,
+    );
+    let mut results = std::collections::HashMap::new();
+    while results.len() < 2 {
+        match next(&mut hosts, &mut caster).await {
+            Outcome::Done { seq, result } => {
+                results.insert(seq, result.unwrap());
+            }
+            Outcome::Failed { rank, error, .. } => panic!("rank {rank} failed: {error}"),
+            _ => {}
+        }
+    }
+    assert_eq!(results[&count], vec![10_000i64.to_le_bytes().to_vec()]);
+    assert_eq!(results[&check], vec![0i64.to_le_bytes().to_vec()]);
+}
+
+/// `monarch-host run --hosts` runs a program on procs that agents start.
+#[test]
+fn monarch_host_runs_a_program_on_remote_hosts() {
+    if skip() {
+        return;
+    }
+    let net = NetCluster::new(2).expect("namespaces");
+    let cli = env!("CARGO_BIN_EXE_monarch-host-cli");
+    let dir = std::env::temp_dir().join(format!("mesh-hosts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token = dir.join("token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    let agents: Vec<Agent> = (0..2)
+        .map(|i| {
+            let args = vec![
+                "agent".to_string(),
+                "--listen".to_string(),
+                format!("{}:7071", net.host_ip(i)),
+                "--token-file".to_string(),
+                token.display().to_string(),
+            ];
+            start_agent_stderr(&net, i, cli, &args)
+        })
+        .collect();
+    let hosts: Vec<String> = agents.iter().map(|a| a.addr.clone()).collect();
+    let out = std::process::Command::new(cli)
+        .args(["run", env!("GUEST_HELLO"), "--hosts", &hosts.join(",")])
+        .arg("--token-file")
+        .arg(&token)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("hello from rank 3 of 4"), "{stdout}");
+    // A wrong token is refused by name.
+    std::fs::write(dir.join("wrong"), "nope").unwrap();
+    let out = std::process::Command::new(cli)
+        .args(["run", env!("GUEST_HELLO"), "--hosts", &hosts.join(",")])
+        .arg("--token-file")
+        .arg(dir.join("wrong"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unauthorized"));
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// Starts `monarch-host agent`, which says where it serves on stderr.
+fn start_agent_stderr(net: &NetCluster, i: usize, program: &str, args: &[String]) -> Agent {
+    let mut child = net
+        .command(i, std::path::Path::new(program))
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start monarch-host agent");
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("serving on") {
+        line.clear();
+        if stderr.read_line(&mut line).unwrap_or(0) == 0 {
+            panic!("the agent ended: {line}");
+        }
+    }
+    let addr = line.trim().rsplit(' ').next().unwrap_or_default();
+    Agent {
+        child,
+        addr: addr.trim_start_matches("tcp:").to_string(),
+    }
+}
