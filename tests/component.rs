@@ -299,6 +299,25 @@ fn hog_in_an_actor_fails_the_actor_not_the_run() {
     run.assert_logged("[controller] the hog failed: actor hogs[0] failed: trapped in `eat`");
 }
 
+/// EX-6: a failure that no supervisor handles ends the run, naming the
+/// actor that failed.
+#[test]
+fn an_unhandled_failure_fails_the_run() {
+    let run = run(
+        Path::new(env!("GUEST_HOG")),
+        &["unsupervised"],
+        Sandbox {
+            memory_bytes: 32 << 20,
+            ..sandbox()
+        },
+    );
+    let error = run.result.as_ref().expect_err("the run fails").to_string();
+    assert!(
+        error.contains("unhandled failure: actor hogs[0] failed"),
+        "{error}"
+    );
+}
+
 /// The reason an out-of-memory actor failed should say so, the way the
 /// controller's trap does.
 #[test]
@@ -425,6 +444,11 @@ impl std::fmt::Debug for Command {
 
 /// Runs `monarch-host run ARGS...`; kills it and panics past `limit`.
 fn monarch_host(args: &[&str], limit: Duration) -> Command {
+    monarch_host_env(args, limit, &[])
+}
+
+/// [`monarch_host`] with environment variables.
+fn monarch_host_env(args: &[&str], limit: Duration, env: &[(&str, &str)]) -> Command {
     use std::io::{BufRead, BufReader, Read};
     use std::process::Stdio;
 
@@ -432,6 +456,7 @@ fn monarch_host(args: &[&str], limit: Duration) -> Command {
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_monarch-host-cli"))
         .arg("run")
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -468,6 +493,38 @@ fn monarch_host(args: &[&str], limit: Duration) -> Command {
         stdout: stdout.join().unwrap(),
         stderr: stderr.join().unwrap(),
         elapsed,
+    }
+}
+
+/// `monarch-host run` places procs in child processes: every example runs
+/// to the end across them, and the procs start as processes of their own.
+#[test]
+fn cli_runs_the_examples_across_processes() {
+    for (program, expect) in [
+        (env!("GUEST_HELLO"), "hello from rank 3 of 4"),
+        (env!("GUEST_PING_PONG"), "total hits: 6"),
+        (
+            env!("GUEST_COUNTER"),
+            "a new mesh on the same procs sums to 300",
+        ),
+    ] {
+        let out = monarch_host_env(
+            &[program, "--procs", "8"],
+            Duration::from_secs(120),
+            &[("RUST_LOG", "hyperactor_mesh=info")],
+        );
+        assert_eq!(out.code, Some(0), "{out:?}");
+        assert!(
+            out.stdout.iter().any(|(_, line)| line.contains(expect)),
+            "{out:?}"
+        );
+        let pids: std::collections::HashSet<&str> = out
+            .stderr
+            .lines()
+            .filter(|line| line.contains("proc started"))
+            .filter_map(|line| line.split("pid=").nth(1))
+            .collect();
+        assert!(pids.len() >= 2, "procs in processes of their own: {out:?}");
     }
 }
 

@@ -95,6 +95,12 @@ async fn main(_args: Vec<String>) -> Result<(), String> {
     let total = counters.at("procs", 1)?.call_one(&Get).await?;
     info!("  counter 1 lives on, still at {total}");
 
+    // A failed counter is expected from here on: handle failures by
+    // carrying on (without a supervisor, the first one would end `main`).
+    monarch_guest::supervise(|failure| {
+        info!("  supervisor: {failure}; carrying on");
+        true
+    });
     info!("step 3: crash counter 2");
     match counters.at("procs", 2)?.call_one(&Crash).await {
         Err(CallError::Supervision(failure)) => info!("  supervision error: {failure}"),

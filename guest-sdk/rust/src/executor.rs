@@ -18,6 +18,10 @@
 //!   dropped; events for an id without a slot are dropped and counted.
 //! - EX-3: `failure` events (id 0) go to a queue of their own, read by
 //!   [`take_failures`] and [`next_failure`].
+//! - EX-6: a failure is handled when a task waits for it in
+//!   [`next_failure`] or the supervisor ([`supervise`]) returns true; an
+//!   unhandled failure ends the controller's `main` with an error at its
+//!   next wait for the host.
 //! - EX-4: a future that is pending while no request is waiting for the host
 //!   and nothing woke it can never finish: `block_on` panics with a message
 //!   instead of waiting forever.
@@ -74,6 +78,12 @@ pub(crate) struct Reactor {
     slots: BTreeMap<RequestId, Slot>,
     failures: VecDeque<SupervisionFailure>,
     failure_waiters: BTreeMap<u64, Waker>,
+    /// Failures fetched but not yet offered to a waiter or the supervisor.
+    fresh: Vec<SupervisionFailure>,
+    supervisor: Option<Supervisor>,
+    /// The first failure nobody handled (EX-6), and who waits for it.
+    unhandled: Option<SupervisionFailure>,
+    unhandled_waker: Option<Waker>,
     next_waiter: u64,
     dropped: u64,
 }
@@ -97,8 +107,7 @@ impl Reactor {
     /// no longer borrowed.
     fn deliver(&mut self, event: Event, wake: &mut Vec<Waker>) {
         if let EventKind::Failure(failure) = event.kind {
-            self.failures.push_back(failure.into());
-            wake.extend(std::mem::take(&mut self.failure_waiters).into_values());
+            self.fresh.push(failure.into());
             return;
         }
         match self.slots.get_mut(&event.id) {
@@ -219,8 +228,81 @@ pub(crate) fn block_on_with<F: Future>(source: &mut impl EventSource, future: F)
                     r.deliver(event, &mut wake);
                 }
             });
+            wake.extend(offer_failures());
             wake.into_iter().for_each(Waker::wake);
         }
+    }
+}
+
+/// Decides whether a failure is handled (EX-6): true keeps the program
+/// going.
+type Supervisor = Box<dyn FnMut(&SupervisionFailure) -> bool>;
+
+/// Sets the controller's supervisor: it is called with every failure of
+/// the meshes the program owns (an actor trapped, a proc exited, was killed
+/// or lost, a broadcast failed) that no task awaits with [`next_failure`].
+/// `true` means handled: the program carries on. `false`, or a failure with
+/// no supervisor set, ends `main` with an error naming the failure, the
+/// next time it waits for the host, as Monarch's controller fails on an
+/// unhandled supervision event.
+///
+/// ```no_run
+/// monarch_guest::supervise(|failure| {
+///     monarch_guest::warn!("carrying on without {}[{}]", failure.mesh, failure.rank);
+///     true
+/// });
+/// ```
+pub fn supervise(supervisor: impl FnMut(&SupervisionFailure) -> bool + 'static) {
+    with_reactor(|r| r.supervisor = Some(Box::new(supervisor)));
+}
+
+/// Offers the failures just fetched to waiters, else to the supervisor;
+/// returns the wakers to wake.
+fn offer_failures() -> Vec<Waker> {
+    let fresh = with_reactor(|r| std::mem::take(&mut r.fresh));
+    let mut wake = Vec::new();
+    for failure in fresh {
+        let awaited = with_reactor(|r| !r.failure_waiters.is_empty());
+        let handled = awaited || {
+            // Called outside the reactor, which it may use.
+            let supervisor = with_reactor(|r| r.supervisor.take());
+            match supervisor {
+                Some(mut supervisor) => {
+                    let handled = supervisor(&failure);
+                    with_reactor(|r| {
+                        r.supervisor.get_or_insert(supervisor);
+                    });
+                    handled
+                }
+                None => false,
+            }
+        };
+        with_reactor(|r| {
+            r.failures.push_back(failure.clone());
+            wake.extend(std::mem::take(&mut r.failure_waiters).into_values());
+            if !handled && r.unhandled.is_none() {
+                r.unhandled = Some(failure);
+                wake.extend(r.unhandled_waker.take());
+            }
+        });
+    }
+    wake
+}
+
+/// The first failure nobody handled (EX-6); pending until there is one.
+pub(crate) struct Unhandled;
+
+impl Future for Unhandled {
+    type Output = SupervisionFailure;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<SupervisionFailure> {
+        with_reactor(|r| match r.unhandled.take() {
+            Some(failure) => Poll::Ready(failure),
+            None => {
+                r.unhandled_waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        })
     }
 }
 

@@ -173,7 +173,7 @@ pub mod bindings {
 pub use actor::{Actor, Context, Endpoints, Handler, Message};
 pub use call::{Call, CallStream, NO_RANK};
 pub use error::{CallError, MeshError, SupervisionFailure};
-pub use executor::{NextFailure, block_on, next_failure, take_failures};
+pub use executor::{NextFailure, block_on, next_failure, supervise, take_failures};
 pub use extent::{Dim, Extent, Selector, SliceDim};
 pub use mesh::{ActorMesh, MeshRef, ProcMesh, Reducer, set_call_timeout, spawn_procs};
 pub use value_mesh::ValueMesh;

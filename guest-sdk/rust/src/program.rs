@@ -45,9 +45,21 @@ pub fn class<A: Actor>() -> Class {
 }
 
 /// Runs an async `main` to completion; its error becomes the run's error
-/// text.
+/// text, and so does a failure nobody handled (see [`supervise`](crate::supervise)).
 pub fn run_main<E: Display>(main: impl Future<Output = Result<(), E>>) -> Result<(), String> {
-    block_on(main).map_err(|e| e.to_string())
+    use futures::future::{Either, select};
+    block_on(async {
+        let (main, unhandled) = (
+            std::pin::pin!(main),
+            std::pin::pin!(crate::executor::Unhandled),
+        );
+        match select(main, unhandled).await {
+            Either::Left((result, _)) => result.map_err(|e| e.to_string()),
+            Either::Right((failure, _)) => Err(format!(
+                "unhandled failure: {failure} (handle failures with monarch_guest::supervise, or await them with next_failure)"
+            )),
+        }
+    })
 }
 
 /// The `run` of a component that defines actor classes only.

@@ -437,6 +437,7 @@ fn start_child(
                 )));
             }
         };
+        tracing::info!(%proc, pid, "proc started");
         let (kill_tx, kill_rx) = oneshot::channel();
         children.lock().push(ChildEntry {
             proc: proc.clone(),

@@ -191,6 +191,7 @@ fn init_tracing() {
                 .unwrap_or_else(|_| "warn,hyperactor::actor=off".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 

@@ -22,6 +22,15 @@ impl Message for Eat {
     type Reply = ();
 }
 
+/// `ping`: answers at once.
+#[derive(Serialize, Deserialize)]
+struct Ping;
+
+impl Message for Ping {
+    const ENDPOINT: &'static str = "ping";
+    type Reply = ();
+}
+
 struct Hog;
 
 impl Actor for Hog {
@@ -33,7 +42,13 @@ impl Actor for Hog {
     }
 
     fn endpoints(endpoints: &mut Endpoints<Self>) {
-        endpoints.handle::<Eat>();
+        endpoints.handle::<Eat>().handle::<Ping>();
+    }
+}
+
+impl Handler<Ping> for Hog {
+    async fn handle(&mut self, _cx: &Context, _: Ping) -> Result<(), String> {
+        Ok(())
     }
 }
 
@@ -59,6 +74,7 @@ async fn main(args: Vec<String>) -> Result<(), String> {
     match args.first().map(String::as_str) {
         None => eat("the controller"),
         Some("actor") => {
+            monarch_guest::supervise(|_| true);
             let procs = spawn_procs(&extent!(procs = 1))?;
             let hogs = procs.spawn::<Hog>("hogs", &())?;
             match hogs.call_one(&Eat).await {
@@ -70,7 +86,21 @@ async fn main(args: Vec<String>) -> Result<(), String> {
                 other => Err(format!("expected a supervision error, got {other:?}")),
             }
         }
-        Some(other) => Err(format!("usage: hog [actor]; unknown mode `{other}`")),
+        // A failure nobody handles ends the run: crash a hog without a
+        // supervisor, then keep waiting on the host until it is noticed.
+        Some("unsupervised") => {
+            let procs = spawn_procs(&extent!(procs = 2))?;
+            let hogs = procs.spawn::<Hog>("hogs", &())?;
+            hogs.at("procs", 0)?.broadcast(&Eat)?;
+            let healthy = hogs.at("procs", 1)?;
+            for _ in 0..100_000 {
+                let _ = healthy.call_one(&Ping).await;
+            }
+            Err("the unhandled failure went unnoticed".into())
+        }
+        Some(other) => Err(format!(
+            "usage: hog [actor|unsupervised]; unknown mode `{other}`"
+        )),
     }
 }
 
