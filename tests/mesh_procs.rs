@@ -344,3 +344,33 @@ fn alive(pid: i32) -> bool {
         Err(_) => false,
     }
 }
+
+/// Stopping procs is not a failure: they exit on their own, no failure
+/// event comes, and they take no new actors.
+#[tokio::test]
+async fn stopped_procs_end_quietly_and_refuse_new_actors() {
+    let mut mesh = mesh(2, 1).await;
+    let pid = mesh.procs[0].pid.unwrap() as i32;
+    let first = mesh.target.procs[0].clone();
+    mesh.client.stop_procs(std::slice::from_ref(&first));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(pid) || mesh.client.dead(&first).is_none() {
+        assert!(Instant::now() < deadline, "the stopped proc still runs");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(mesh.client.dead(&first).unwrap(), "stopped by its owner");
+    assert!(mesh.events.try_recv().is_err(), "a stop is not a failure");
+    let spec = ActorSpec {
+        kind: "echo".into(),
+        name: "later".into(),
+        extent: vec![("procs".into(), 1)],
+        params: vec![],
+        per_proc: 1,
+    };
+    let err = mesh
+        .client
+        .spawn_actors(std::slice::from_ref(&first), &spec, TIMEOUT)
+        .await
+        .unwrap_err();
+    assert!(err.contains("stopped by its owner"), "{err}");
+}

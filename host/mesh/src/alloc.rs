@@ -35,6 +35,9 @@ pub const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(30);
 /// The environment variable that carries a child's [`BootstrapConfig`].
 pub const BOOTSTRAP_ENV: &str = "MONARCH_BOOTSTRAP";
 
+/// How long a stopped child has to exit on its own before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+
 /// The line a child prints on stdout when its proc is ready.
 const READY: &str = "MONARCH_PROC_READY ";
 
@@ -70,6 +73,10 @@ pub trait Allocator: Send + Sync + 'static {
 
     /// Stops every proc it started.
     fn stop_all(&self);
+
+    /// Stops these procs: each exits on its own, or is killed after a
+    /// grace period.
+    fn stop(&self, procs: &[ProcId]);
 
     /// Ends one proc, as a failure would (tests and chaos).
     fn kill(&self, proc: &ProcId, signal: i32) -> Result<(), AllocError>;
@@ -139,6 +146,10 @@ impl Allocator for InProcessAllocator {
 
     fn stop_all(&self) {
         self.procs.lock().clear();
+    }
+
+    fn stop(&self, procs: &[ProcId]) {
+        self.procs.lock().retain(|p| !procs.contains(p.id()));
     }
 
     fn kill(&self, proc: &ProcId, _signal: i32) -> Result<(), AllocError> {
@@ -324,6 +335,16 @@ impl Allocator for LocalAllocator {
         }
     }
 
+    fn stop(&self, procs: &[ProcId]) {
+        for child in self.children.lock().iter_mut() {
+            if procs.contains(&child.proc)
+                && let Some(kill) = child.kill.take()
+            {
+                let _ = kill.send(());
+            }
+        }
+    }
+
     fn kill(&self, proc: &ProcId, signal: i32) -> Result<(), AllocError> {
         let pid = self
             .children
@@ -452,12 +473,18 @@ fn start_child(
         });
         let watched = proc.clone();
         tokio::spawn(async move {
-            let _stdin = stdin; // AL-1: closing it tells the child to exit.
+            let mut stdin = stdin; // AL-1: closing it tells the child to exit.
             let status = tokio::select! {
                 status = child.wait() => status,
                 _ = kill_rx => {
-                    let _ = child.start_kill();
-                    child.wait().await
+                    drop(stdin.take());
+                    match tokio::time::timeout(STOP_GRACE, child.wait()).await {
+                        Ok(status) => status,
+                        Err(_) => {
+                            let _ = child.start_kill();
+                            child.wait().await
+                        }
+                    }
                 }
             };
             let reason = status

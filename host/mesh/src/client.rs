@@ -34,6 +34,8 @@ struct ClientState {
     /// Procs that ended, with why.
     dead: HashMap<ProcId, String>,
     subscribers: Vec<mpsc::UnboundedSender<MeshEvent>>,
+    /// Procs their owner stopped: their ends are not failures.
+    stopping: HashSet<ProcId>,
     blobs: HashSet<String>,
     next_proc: usize,
 }
@@ -236,6 +238,13 @@ impl MeshClient {
         self.allocator.kill(proc, signal)
     }
 
+    /// Stops `procs` (their owner is done with them): they end without
+    /// failure events, and refuse new actors.
+    pub fn stop_procs(&self, procs: &[ProcId]) {
+        self.state.lock().stopping.extend(procs.iter().cloned());
+        self.allocator.stop(procs);
+    }
+
     /// Stops every proc.
     pub fn stop_all(&self) {
         self.allocator.stop_all();
@@ -264,6 +273,12 @@ fn handle_event(
             if state.dead.contains_key(proc) {
                 return;
             }
+            let stopped = state.stopping.remove(proc);
+            let reason = if stopped {
+                "stopped by its owner".to_string()
+            } else {
+                reason.clone()
+            };
             state.dead.insert(proc.clone(), reason.clone());
             tracing::info!(%proc, %reason, "proc ended");
             // SV-1: every live comm actor hears of it.
@@ -277,6 +292,9 @@ fn handle_event(
                 {
                     port.send(mailbox, died.clone());
                 }
+            }
+            if stopped {
+                return;
             }
         }
         MeshEvent::ActorFailed { .. } => {}

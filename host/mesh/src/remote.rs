@@ -112,6 +112,17 @@ pub struct AgentKill {
     pub reply: OncePortRef<Result<(), String>>,
 }
 
+/// Stops some procs of a session.
+#[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct AgentStopProcs {
+    /// The cluster token.
+    pub token: String,
+    /// The session.
+    pub session: String,
+    /// The procs.
+    pub procs: Vec<ProcId>,
+}
+
 /// Ends a session and its procs.
 #[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub struct AgentStop {
@@ -163,6 +174,7 @@ impl Actor for HostAgent {
             .handle::<AgentHeartbeat>()
             .handle::<AgentPutBlob>()
             .handle::<AgentKill>()
+            .handle::<AgentStopProcs>()
             .handle::<AgentStop>();
     }
 
@@ -298,6 +310,17 @@ impl Handler<AgentKill> for HostAgent {
                 .map_err(|e| e.to_string())
         });
         request.reply.send(cx, result);
+        Ok(())
+    }
+}
+
+impl Handler<AgentStopProcs> for HostAgent {
+    async fn handle(&mut self, _cx: &Context<Self>, request: AgentStopProcs) -> anyhow::Result<()> {
+        if self.check(&request.token).is_ok()
+            && let Some(session) = self.sessions.lock().get(&request.session)
+        {
+            session.allocator.stop(&request.procs);
+        }
         Ok(())
     }
 }
@@ -666,6 +689,28 @@ impl Allocator for Arc<RemoteAllocator> {
                     AgentStop {
                         token: self.token.clone(),
                         session: self.session.clone(),
+                    },
+                );
+            }
+        }
+    }
+
+    fn stop(&self, procs: &[ProcId]) {
+        for host in self.hosts.lock().iter() {
+            let mine: Vec<ProcId> = procs
+                .iter()
+                .filter(|p| host.procs.contains(p))
+                .cloned()
+                .collect();
+            if !mine.is_empty()
+                && let Ok(port) = agent_port::<AgentStopProcs>(&host.addr)
+            {
+                port.send(
+                    &self.mailbox,
+                    AgentStopProcs {
+                        token: self.token.clone(),
+                        session: self.session.clone(),
+                        procs: mine,
                     },
                 );
             }

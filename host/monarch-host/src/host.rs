@@ -573,19 +573,24 @@ impl mesh::HostProcMesh for HostState {
     }
 
     async fn stop(&mut self, this: Resource<ProcMeshHandle>) -> wasmtime::Result<()> {
+        // What the procs own stops first (the actor meshes on them), then
+        // the procs themselves.
         let procs = self.table.get(&this)?.procs.clone();
+        let on_them = |m: &Arc<MeshBase>| m.procs.iter().any(|p| procs.contains(p));
         let meshes: Vec<Arc<MeshBase>> = self
             .spawned
             .iter()
-            .filter(|m| m.procs.iter().any(|p| procs.contains(p)))
+            .filter(|m| on_them(m))
             .cloned()
             .collect();
+        self.spawned.retain(|m| !on_them(m));
+        lock(&self.cluster.meshes).retain(|m| !on_them(m));
         if let Ok(client) = self.cluster.client() {
-            for mesh in meshes {
-                client
-                    .stop_actors(&procs, &mesh.name, Duration::from_secs(5))
-                    .await;
-            }
+            let stops = meshes
+                .iter()
+                .map(|mesh| client.stop_actors(&mesh.procs, &mesh.name, Duration::from_secs(5)));
+            futures::future::join_all(stops).await;
+            client.stop_procs(&procs);
         }
         Ok(())
     }
