@@ -184,6 +184,18 @@ async fn a_proc_killed_mid_call_fails_only_its_ranks() {
         "{error}"
     );
     assert!(mesh.client.dead(&victim).is_some());
+    // A slice sees its parent's failure at once: a new cast that includes
+    // the dead rank fails it without waiting for anything.
+    let mut slice = mesh.target.clone();
+    slice.ranks[0].clear();
+    let started = Instant::now();
+    let seq = caster.cast(&slice, "rank", vec![], CastMode::Gather, TIMEOUT);
+    let Outcome::Done { seq: s, result } = next(&mut mesh, &mut caster).await else {
+        panic!("no outcome")
+    };
+    assert_eq!(s, seq);
+    assert_eq!(result.unwrap_err().0, 2);
+    assert!(started.elapsed() < Duration::from_secs(1));
     // SV-2: the dead proc refuses new actors, by name.
     let spec = ActorSpec {
         kind: "echo".into(),

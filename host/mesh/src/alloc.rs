@@ -400,6 +400,7 @@ fn start_child(
 ) -> BoxFuture<Result<Allocated, AllocError>> {
     Box::pin(async move {
         let name = config.name.clone();
+        let started = std::time::Instant::now();
         let fail = |what: String| AllocError(format!("proc {name}: {what}"));
         let json = serde_json::to_string(&config).map_err(|e| fail(e.to_string()))?;
         let mut cmd = tokio::process::Command::new(&command.program);
@@ -458,7 +459,12 @@ fn start_child(
                 )));
             }
         };
-        tracing::info!(%proc, pid, "proc started");
+        tracing::info!(
+            %proc,
+            pid,
+            bootstrap_ms = started.elapsed().as_secs_f64() * 1e3,
+            "proc started"
+        );
         let (kill_tx, kill_rx) = oneshot::channel();
         children.lock().push(ChildEntry {
             proc: proc.clone(),
