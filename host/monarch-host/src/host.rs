@@ -28,8 +28,9 @@ use crate::bindings::{
     ValueMesh,
 };
 use crate::engine::Sandbox;
-use crate::mesh::{ActorMeshHandle, MeshBase, ProcMeshHandle, extent_size, slice, validate_extent};
-use crate::wasm_actor::WasmSpawnParams;
+use crate::mesh::{
+    ActorMeshHandle, MeshBase, ProcMeshHandle, WasmSpawnParams, extent_size, slice, validate_extent,
+};
 
 /// Where log lines of guests go.
 pub type LogSink = Arc<dyn Fn(&str) + Send + Sync>;
@@ -669,7 +670,7 @@ impl HostState {
             .spawn_actors(
                 &procs,
                 &ActorSpec {
-                    kind: crate::wasm_actor::WASM_KIND.into(),
+                    kind: crate::mesh::WASM_KIND.into(),
                     name: name.clone(),
                     extent: dims,
                     params: params.encode(),

@@ -25,34 +25,7 @@ use wasmtime::Store;
 use crate::bindings::{Dim, Program, ProgramPre};
 use crate::engine::{self, Sandbox};
 use crate::host::{Cluster, HostState, LogSink, ProgramBytes, linker, new_store};
-
-/// The actor kind of Wasm actors in a [`Registry`].
-pub const WASM_KIND: &str = "wasm";
-
-/// What the `wasm` factory needs to make one actor.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct WasmSpawnParams {
-    /// The program's sha256.
-    pub sha256: String,
-    /// The actor class.
-    pub class: String,
-    /// The bytes for `create`.
-    pub init: Vec<u8>,
-    /// Linear memory per instance.
-    pub memory_bytes: usize,
-    /// How long the run has left, in milliseconds.
-    pub deadline_ms: u64,
-    /// The default call timeout of the actor's own requests.
-    pub call_timeout_ms: u64,
-    /// The fan-out of the actor's casts.
-    pub fanout: u32,
-}
-
-impl WasmSpawnParams {
-    pub(crate) fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
-    }
-}
+use crate::mesh::{WASM_KIND, WasmSpawnParams};
 
 /// A Wasm actor; see the module docs.
 pub struct WasmActor {
