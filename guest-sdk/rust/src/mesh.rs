@@ -1,6 +1,7 @@
 //! Meshes: [`ProcMesh`] (procs arranged in an extent) and [`ActorMesh`]
-//! (one actor of a class on every proc of a proc mesh), and the ways to call
-//! an actor mesh.
+//! (actors of a class on the procs of a proc mesh: one on every proc, or
+//! several with [`ProcMesh::spawn_many`]), and the ways to call an actor
+//! mesh.
 //!
 //! Which call to make:
 //!
@@ -82,6 +83,56 @@ impl ProcMesh {
             .map_err(|e| MeshError::new(what(), e))
     }
 
+    /// Like [`spawn`](Self::spawn), with an actor for every point of
+    /// `per_proc` on every proc: several actors of a class in each proc
+    /// (one per GPU of a host proc, say).
+    ///
+    /// The new mesh's extent is this mesh's dimensions followed by
+    /// `per_proc`'s, whose names must differ from this mesh's. Ranks stay
+    /// row-major, so the actors of one proc hold consecutive ranks: on
+    /// procs `procs=2`, a `per_proc` of `workers=4` makes the mesh
+    /// `procs=2, workers=4`, whose ranks 0..4 live on the first proc and
+    /// 4..8 on the second. Each actor's [`Context::extent`] and
+    /// [`Context::rank`] are this whole extent and its rank in it. An
+    /// empty `per_proc` is [`spawn`](Self::spawn).
+    ///
+    /// ```
+    /// # use monarch_guest::prelude::*;
+    /// # struct Worker;
+    /// # impl Actor for Worker {
+    /// #     const CLASS: &'static str = "Worker";
+    /// #     type Init = ();
+    /// #     fn create((): (), _cx: &Context) -> Result<Self, String> { Ok(Worker) }
+    /// #     fn endpoints(_endpoints: &mut Endpoints<Self>) {}
+    /// # }
+    /// # fn example() -> Result<(), monarch_guest::MeshError> {
+    /// let procs = spawn_procs(&extent!(procs = 2))?;
+    /// let workers = procs.spawn_many::<Worker>("workers", &(), &extent!(workers = 4))?;
+    /// assert_eq!(workers.extent(), extent!(procs = 2, workers = 4));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// [`Context::extent`]: crate::Context::extent
+    /// [`Context::rank`]: crate::Context::rank
+    pub fn spawn_many<A: Actor>(
+        &self,
+        name: &str,
+        init: &A::Init,
+        per_proc: &Extent,
+    ) -> Result<ActorMesh<A>, MeshError> {
+        let what = || {
+            format!(
+                "spawning `{name}` (class {}, {per_proc} per proc)",
+                A::CLASS
+            )
+        };
+        let init = codec::encode(init).map_err(|e| MeshError::new(what(), e.to_string()))?;
+        self.raw
+            .spawn_many(name, A::CLASS, &init, &wit::Extent::from(per_proc))
+            .map(ActorMesh::from_raw)
+            .map_err(|e| MeshError::new(what(), e))
+    }
+
     /// Stops the procs and every actor on them.
     pub fn stop(&self) {
         self.raw.stop();
@@ -132,8 +183,9 @@ impl From<Reducer> for wit::Reducer {
     }
 }
 
-/// Actors of class `A` arranged in an extent, one per proc of the mesh they
-/// were spawned on.
+/// Actors of class `A` arranged in an extent: one per proc of the mesh they
+/// were spawned on ([`ProcMesh::spawn`]), or one per point of a per-proc
+/// extent on every proc ([`ProcMesh::spawn_many`]).
 ///
 /// The call methods accept only the messages `A` handles (`A: Handler<M>`),
 /// and decode replies as `M::Reply`.

@@ -1,18 +1,19 @@
 //! The `controller` suite: a Wasm controller program measures host calls,
 //! calls to Wasm actors in this process, and spawning, with the monotonic
 //! clock WASI grants it, and logs `BENCH <metric> <value> <unit>` lines;
-//! this side runs it on `monarch-host`'s library and prints the records.
+//! this side runs it on `monarch-host`'s library and prints the records
+//! (see [`crate::guest`]).
 //! The floor is the same call between two native actors in one proc.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use clap::Args;
 use hyperactor::testing::{Echo, EchoActor};
 use hyperactor::{Actor, Context, Exports, Handler, OncePortRef, Proc};
 
+use crate::guest;
 use crate::report::{Unit, emit};
 
 const SUITE: &str = "controller";
@@ -28,10 +29,7 @@ pub struct ControllerArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub threads: u16,
     /// The guest program.
-    #[arg(
-        long,
-        default_value = "guest-sdk/target/wasm32-wasip2/release/controller_bench.wasm"
-    )]
+    #[arg(long, default_value = guest::DEFAULT_PROGRAM)]
     program: PathBuf,
 }
 
@@ -91,23 +89,18 @@ async fn native_floor(samples: u32) -> anyhow::Result<f64> {
     Ok(nanos[nanos.len() / 2] as f64 / 1e3)
 }
 
+/// Every metric the guest reports in this suite.
+const GUEST_METRICS: [&str; 5] = [
+    "hostcall_ns",
+    "controller_call_rtt_us",
+    "controller_calls_per_s",
+    "actor_instantiate_us",
+    "spawn_1000_actors_ms",
+];
+
 /// Runs the suite.
 pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
-    if !args.program.exists() {
-        bail!(
-            "{} does not exist: build the guest programs first with `cd guest-sdk && cargo build --release --target wasm32-wasip2`, or name the program with --program",
-            args.program.display()
-        );
-    }
-    let lines: Arc<Mutex<Vec<String>>> = Arc::default();
-    let sink = {
-        let lines = lines.clone();
-        Arc::new(move |line: &str| {
-            if let Ok(mut lines) = lines.lock() {
-                lines.push(line.to_string());
-            }
-        })
-    };
+    guest::check_program(&args.program)?;
     let sandbox = monarch_host::Sandbox {
         max_procs: 1_100,
         deadline: Duration::from_secs(120),
@@ -118,37 +111,12 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     } else {
         vec![]
     };
-    monarch_host::run_program(&args.program, &guest_args, sandbox, sink)
+    let records = guest::run(&args.program, &guest_args, sandbox)
         .await
         .context("the controller benchmark program failed")?;
-    let lines = lines.lock().map(|l| l.clone()).unwrap_or_default();
-    let mut seen = 0;
-    for line in &lines {
-        let Some(record) = line.split("BENCH ").nth(1) else {
-            continue;
-        };
-        let fields: Vec<&str> = record.split_whitespace().collect();
-        let [metric, value, unit] = fields[..] else {
-            bail!("malformed benchmark line from the guest: {line}");
-        };
-        let value: f64 = value
-            .parse()
-            .with_context(|| format!("malformed value in {line}"))?;
-        let unit = match unit {
-            "ns" => Unit::Nanos,
-            "us" => Unit::Micros,
-            "ms" => Unit::Millis,
-            "calls/s" => Unit::CallsPerSec,
-            other => bail!("unknown unit {other} in {line}"),
-        };
-        emit(SUITE, metric, value, unit)?;
-        seen += 1;
-    }
-    if seen != 5 {
-        bail!(
-            "the guest reported {seen} of 5 metrics; its output:\n{}",
-            lines.join("\n")
-        );
+    guest::expect_metrics(&records, &GUEST_METRICS)?;
+    for record in &records {
+        emit(SUITE, &record.metric, record.value, record.unit)?;
     }
     let floor = native_floor(if args.quick { 1_000 } else { 20_000 }).await?;
     emit(SUITE, "native_call_rtt_us", floor, Unit::Micros)?;

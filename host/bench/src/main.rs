@@ -64,9 +64,32 @@
 //!
 //! The full suite takes about 15 s on two cores; `--quick` runs a few
 //! seconds and is for smoke tests, not for figures.
+//!
+//! ## `mesh`: Wasm actors on child-process procs, driven by a Wasm controller
+//!
+//! The guest program (`host/bench/guest`, mode `mesh`) runs on
+//! `monarch-host`'s library as `monarch-host run` would run it: every proc
+//! is a child process (this binary's hidden `bootstrap` subcommand, which
+//! serves a proc as `monarch-host bootstrap` does), and calls go down the
+//! multicast tree of per-proc comm actors (`--fanout`, default 16). The
+//! controller times everything itself (see `mesh.rs`).
+//!
+//! | metric | what | unit |
+//! | --- | --- | --- |
+//! | `raw_unix_rtt_us` | floor: 64 bytes there and back over a Unix socket, blocking std sockets, two processes | us |
+//! | `spawn_procs_8_ms` | spawn 8 procs, an actor on each, and gather a first call from them; median of 5, each of fresh procs | ms |
+//! | `spawn_procs_16_ms` | the same with 16 procs | ms |
+//! | `call_gather_8_us` | a call to one actor in each of 8 procs, replies gathered in rank order | us |
+//! | `call_gather_16_us` | the same over 16 procs | us |
+//! | `broadcast_100_then_call_16_ms` | 100 broadcasts, then one gathered call, over 16 procs | ms |
+//! | `cast_reduce_1024_us` | a call to 1,024 actors (64 on each of 16 procs, `spawn_many`) summed by the host's `sum-i64` reducer | us |
+//!
+//! The full suite takes about 10 s on two cores; `--quick` a few seconds.
 
 mod controller;
 mod driver;
+mod guest;
+mod mesh;
 mod raw;
 mod report;
 mod runtime;
@@ -91,7 +114,9 @@ machines; read a figure as a ratio to its floor. See docs/benchmarks.md.
 
 Examples:
   monarch-bench runtime            the full runtime suite (about 15 s on 2 cores)
-  monarch-bench runtime --quick    a smoke test, a few seconds, rough figures";
+  monarch-bench runtime --quick    a smoke test, a few seconds, rough figures
+  monarch-bench mesh               procs as child processes (about 10 s; needs the guest
+                                   program: cd guest-sdk && cargo build --release --target wasm32-wasip2)";
 
 /// Benchmarks of monarch-host, each read against a floor measured in the same run.
 #[derive(Debug, Parser)]
@@ -126,6 +151,24 @@ enum Suite {
     /// Needs the guest program: `cd guest-sdk && cargo build --release
     /// --target wasm32-wasip2`.
     Controller(controller::ControllerArgs),
+
+    /// Wasm actors on procs that are child processes, driven by a Wasm
+    /// controller: spawning procs, gathered calls, broadcasts and a reduction
+    /// over 1,024 actors, next to a bare Unix socket round trip (the floor).
+    ///
+    /// Metrics: spawn_procs_8_ms, spawn_procs_16_ms (spawn the procs, an
+    /// actor on each and a first call; median of 5), call_gather_8_us,
+    /// call_gather_16_us (median), broadcast_100_then_call_16_ms (median of
+    /// 21), cast_reduce_1024_us (64 actors on each of 16 procs, summed in
+    /// the host; median), and the floor raw_unix_rtt_us. Needs the guest
+    /// program: `cd guest-sdk && cargo build --release --target
+    /// wasm32-wasip2`. About 10 s on 2 cores.
+    Mesh(mesh::MeshArgs),
+
+    /// A proc of the mesh suite, as `monarch-host bootstrap`: started by the
+    /// suite itself, configured through the environment.
+    #[command(hide = true)]
+    Bootstrap,
 
     /// Worker process of the runtime suite: serves a proc with an echo actor
     /// at ADDR, prints `READY <proc id>`, exits when stdin closes.
@@ -194,8 +237,15 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("warn,monarch_bench=info"));
+    // A proc logs as `monarch-host bootstrap` does: actor failures reach
+    // the program as values, so hyperactor's own report of them is noise.
+    let default_filter = if matches!(cli.suite, Suite::Bootstrap) {
+        "warn,hyperactor::actor=off"
+    } else {
+        "warn,monarch_bench=info"
+    };
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -224,6 +274,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             rt.shutdown_timeout(std::time::Duration::from_secs(1));
             result
         }
+        Suite::Mesh(args) => {
+            let rt = match args.threads {
+                1 => worker::runtime(Flavor::CurrentThread, 1)?,
+                n => worker::runtime(Flavor::MultiThread, n.into())?,
+            };
+            let result = rt.block_on(mesh::run(args));
+            rt.shutdown_timeout(std::time::Duration::from_secs(1));
+            result
+        }
+        Suite::Bootstrap => bootstrap(),
         Suite::Worker {
             addr,
             worker_threads,
@@ -237,4 +297,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         ),
         Suite::RawEcho { addr } => raw::serve_echo(addr),
     }
+}
+
+/// The `bootstrap` subcommand: serves one proc of the mesh suite, whose
+/// actors are the program's Wasm actors, exactly as `monarch-host
+/// bootstrap` does, until the suite goes away.
+fn bootstrap() -> anyhow::Result<()> {
+    let rt = worker::runtime(Flavor::CurrentThread, 1)?;
+    rt.block_on(hyperactor_mesh::alloc::bootstrap_main(|config| {
+        monarch_host::wasm_actor::registry(config.blob_dir.clone(), None)
+    }))
 }

@@ -200,7 +200,7 @@ impl Transport {
 }
 
 /// Raw round trips on a blocking thread; the stream goes there and back.
-async fn raw_rtt(
+pub(crate) async fn raw_rtt(
     mut stream: RawStream,
     payload: usize,
     count: usize,

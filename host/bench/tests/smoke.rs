@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -16,6 +17,17 @@ const RUNTIME_METRICS: [(&str, &str); 7] = [
     ("raw_tcp_rtt_us", "us"),
     ("ipc_calls_per_s", "calls/s"),
     ("oneway_msgs_per_s", "msgs/s"),
+];
+
+/// Every metric of the mesh suite, with its unit.
+const MESH_METRICS: [(&str, &str); 7] = [
+    ("spawn_procs_8_ms", "ms"),
+    ("spawn_procs_16_ms", "ms"),
+    ("call_gather_8_us", "us"),
+    ("call_gather_16_us", "us"),
+    ("broadcast_100_then_call_16_ms", "ms"),
+    ("cast_reduce_1024_us", "us"),
+    ("raw_unix_rtt_us", "us"),
 ];
 
 /// Runs the binary with `args`, killing it if it runs past `limit`.
@@ -56,9 +68,10 @@ fn run(args: &[&str], limit: Duration) -> Output {
     }
 }
 
-#[test]
-fn runtime_quick_prints_each_metric_once_as_json_and_nothing_else() {
-    let output = run(&["runtime", "--quick"], Duration::from_secs(120));
+/// Checks that `output` succeeded and printed each of `metrics` exactly
+/// once, as a JSON record of `suite` with its unit and a positive value,
+/// and nothing else on stdout.
+fn assert_records(output: Output, suite: &str, metrics: &[(&str, &str)]) {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "failed: {stderr}");
     let stdout = String::from_utf8(output.stdout).expect("stdout is UTF-8");
@@ -69,9 +82,9 @@ fn runtime_quick_prints_each_metric_once_as_json_and_nothing_else() {
             .unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {line:?}"));
         let fields = record.as_object().expect("a record is a JSON object");
         assert_eq!(fields.len(), 4, "unexpected fields in {line}");
-        assert_eq!(record["suite"], "runtime", "{line}");
+        assert_eq!(record["suite"], suite, "{line}");
         let metric = record["metric"].as_str().expect("metric is a string");
-        let (_, unit) = RUNTIME_METRICS
+        let (_, unit) = metrics
             .iter()
             .find(|(name, _)| *name == metric)
             .unwrap_or_else(|| panic!("unknown metric {metric} in {line}"));
@@ -80,14 +93,72 @@ fn runtime_quick_prints_each_metric_once_as_json_and_nothing_else() {
         assert!(value.is_finite() && value > 0.0, "{line}");
         *seen.entry(metric.to_string()).or_default() += 1;
     }
-    for (metric, _) in RUNTIME_METRICS {
+    for (metric, _) in metrics {
         assert_eq!(
-            seen.get(metric),
+            seen.get(*metric),
             Some(&1),
             "{metric} must appear exactly once in:\n{stdout}"
         );
     }
     assert!(stdout.ends_with('\n'), "the last record ends its line");
+}
+
+#[test]
+fn runtime_quick_prints_each_metric_once_as_json_and_nothing_else() {
+    let output = run(&["runtime", "--quick"], Duration::from_secs(120));
+    assert_records(output, "runtime", &RUNTIME_METRICS);
+}
+
+/// Builds the guest program of the controller and mesh suites (a no-op
+/// when it is up to date) and returns its path.
+fn guest_program() -> PathBuf {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command
+        .args(["build", "--release", "--locked", "--quiet"])
+        .args(["--target", "wasm32-wasip2", "-p", "controller-bench"])
+        .arg("--manifest-path")
+        .arg(repo.join("guest-sdk/Cargo.toml"))
+        .stdin(Stdio::null());
+    // What an outer build sets would change the guest build's target or
+    // flags.
+    for name in [
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+        "CARGO_BUILD_TARGET_DIR",
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "RUSTC_WORKSPACE_WRAPPER",
+    ] {
+        command.env_remove(name);
+    }
+    let status = command
+        .status()
+        .expect("run cargo to build the guest program");
+    assert!(
+        status.success(),
+        "building the guest program failed ({status}); it needs `rustup target add wasm32-wasip2`"
+    );
+    let wasm = repo.join("guest-sdk/target/wasm32-wasip2/release/controller_bench.wasm");
+    assert!(wasm.exists(), "{} was not built", wasm.display());
+    wasm
+}
+
+#[test]
+fn mesh_quick_prints_each_metric_once_as_json_and_nothing_else() {
+    let program = guest_program();
+    let program = program.to_str().expect("a UTF-8 path");
+    let started = Instant::now();
+    let output = run(
+        &["mesh", "--quick", "--program", program],
+        Duration::from_secs(60),
+    );
+    let took = started.elapsed();
+    assert_records(output, "mesh", &MESH_METRICS);
+    // Procs are child processes of this binary (`bootstrap`); a smoke run
+    // that gets slow is a regression worth seeing.
+    assert!(took < Duration::from_secs(20), "mesh --quick took {took:?}");
 }
 
 #[test]
@@ -118,5 +189,7 @@ fn help_names_the_suites_and_hides_the_worker_modes() {
     let help = String::from_utf8_lossy(&output.stdout);
     assert!(help.contains("runtime"), "{help}");
     assert!(help.contains("JSON"), "{help}");
+    assert!(help.contains("mesh"), "{help}");
     assert!(!help.contains("raw-echo"), "{help}");
+    assert!(!help.contains("bootstrap"), "{help}");
 }

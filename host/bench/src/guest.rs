@@ -1,0 +1,161 @@
+//! Running the benchmark's guest program (`host/bench/guest`, built as
+//! `controller_bench.wasm`) and reading back what it measured.
+//!
+//! The guest measures with the monotonic clock WASI grants every program
+//! and logs one line per metric, `BENCH <metric> <value> <unit>`; other
+//! lines (spreads, notes) are passed on to the log.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context as _, bail};
+
+use crate::report::Unit;
+
+/// Where `cd guest-sdk && cargo build --release --target wasm32-wasip2`
+/// leaves the guest program, relative to the repository root.
+pub const DEFAULT_PROGRAM: &str = "guest-sdk/target/wasm32-wasip2/release/controller_bench.wasm";
+
+/// One figure the guest reported.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    /// The metric's name.
+    pub metric: String,
+    /// Its value, in `unit`.
+    pub value: f64,
+    /// Its unit.
+    pub unit: Unit,
+}
+
+/// Fails with how to build the guest program when `program` is missing.
+pub fn check_program(program: &Path) -> anyhow::Result<()> {
+    if !program.exists() {
+        bail!(
+            "{} does not exist: build the guest programs first with `cd guest-sdk && cargo build --release --target wasm32-wasip2`, or name the program with --program",
+            program.display()
+        );
+    }
+    Ok(())
+}
+
+/// Runs `program` with `args` in `sandbox` and returns its records in the
+/// order it reported them. Its other log lines (spreads, notes) go to
+/// stderr.
+pub async fn run(
+    program: &Path,
+    args: &[String],
+    sandbox: monarch_host::Sandbox,
+) -> anyhow::Result<Vec<Record>> {
+    check_program(program)?;
+    let lines: Arc<Mutex<Vec<String>>> = Arc::default();
+    let sink = {
+        let lines = lines.clone();
+        Arc::new(move |line: &str| {
+            if !line.contains("BENCH ") {
+                tracing::info!("{line}");
+            }
+            if let Ok(mut lines) = lines.lock() {
+                lines.push(line.to_string());
+            }
+        })
+    };
+    let outcome = monarch_host::run_program(program, args, sandbox, sink).await;
+    let lines = lines.lock().map(|l| l.clone()).unwrap_or_default();
+    if let Err(e) = outcome {
+        return Err(anyhow::Error::new(e)).with_context(|| {
+            format!(
+                "the benchmark program failed; its output:\n{}",
+                lines.join("\n")
+            )
+        });
+    }
+    let mut records = Vec::new();
+    for line in &lines {
+        if let Some(record) = parse_line(line)? {
+            records.push(record);
+        }
+    }
+    Ok(records)
+}
+
+/// The record in one line of the guest's log, if it holds one.
+fn parse_line(line: &str) -> anyhow::Result<Option<Record>> {
+    let Some(record) = line.split("BENCH ").nth(1) else {
+        return Ok(None);
+    };
+    let fields: Vec<&str> = record.split_whitespace().collect();
+    let [metric, value, unit] = fields[..] else {
+        bail!("malformed benchmark line from the guest: {line}");
+    };
+    let value: f64 = value
+        .parse()
+        .with_context(|| format!("malformed value in {line}"))?;
+    let unit = match unit {
+        "ns" => Unit::Nanos,
+        "us" => Unit::Micros,
+        "ms" => Unit::Millis,
+        "calls/s" => Unit::CallsPerSec,
+        other => bail!("unknown unit {other} in {line}"),
+    };
+    Ok(Some(Record {
+        metric: metric.to_string(),
+        value,
+        unit,
+    }))
+}
+
+/// Checks that `records` hold each of `expected` exactly once, in any
+/// order.
+pub fn expect_metrics(records: &[Record], expected: &[&str]) -> anyhow::Result<()> {
+    for metric in expected {
+        let count = records.iter().filter(|r| r.metric == *metric).count();
+        if count != 1 {
+            bail!(
+                "the guest reported {metric} {count} times, not once; it reported: {:?}",
+                records.iter().map(|r| &r.metric).collect::<Vec<_>>()
+            );
+        }
+    }
+    if let Some(extra) = records
+        .iter()
+        .find(|r| !expected.contains(&r.metric.as_str()))
+    {
+        bail!("the guest reported an unexpected metric {}", extra.metric);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bench_lines_parse_and_other_lines_are_skipped() {
+        let line = "[controller] BENCH call_gather_8_us 812.5 us";
+        assert_eq!(
+            parse_line(line).unwrap(),
+            Some(Record {
+                metric: "call_gather_8_us".into(),
+                value: 812.5,
+                unit: Unit::Micros,
+            })
+        );
+        assert_eq!(parse_line("SPREAD x n=3").unwrap(), None);
+        assert!(parse_line("BENCH x 1").is_err());
+        assert!(parse_line("BENCH x one us").is_err());
+        assert!(parse_line("BENCH x 1 parsecs").is_err());
+    }
+
+    #[test]
+    fn every_expected_metric_must_come_once() {
+        let record = |metric: &str| Record {
+            metric: metric.into(),
+            value: 1.0,
+            unit: Unit::Micros,
+        };
+        assert!(expect_metrics(&[record("a"), record("b")], &["a", "b"]).is_ok());
+        assert!(expect_metrics(&[record("a")], &["a", "b"]).is_err());
+        assert!(expect_metrics(&[record("a"), record("a"), record("b")], &["a", "b"]).is_err());
+        assert!(expect_metrics(&[record("a"), record("c")], &["a"]).is_err());
+    }
+}
