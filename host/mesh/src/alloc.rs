@@ -182,6 +182,10 @@ pub struct BootstrapConfig {
     pub events: String,
     /// Where this host keeps blobs.
     pub blob_dir: PathBuf,
+    /// How long the proc's connections busy-poll, in microseconds (see
+    /// `hyperactor::ProcConfig::busy_poll`); 0 when procs outnumber cores.
+    #[serde(default)]
+    pub busy_poll_us: u64,
 }
 
 /// A command that starts a child proc: a program and its arguments, to
@@ -276,6 +280,15 @@ impl Allocator for LocalAllocator {
         } else {
             self.listen.clone()
         };
+        // Procs that spin while they wait only pay off when each can have
+        // a core: past that, a spinning proc holds the core another needs.
+        let procs_here = self.children.lock().len() + names.len() + 1;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let busy_poll_us = if procs_here > cores {
+            0
+        } else {
+            hyperactor::ProcConfig::default().busy_poll.as_micros() as u64
+        };
         let starts: Vec<_> = names
             .into_iter()
             .map(|name| {
@@ -284,6 +297,7 @@ impl Allocator for LocalAllocator {
                     listen: listen.clone(),
                     events: events.id().to_string(),
                     blob_dir: self.registry.blob_dir().to_path_buf(),
+                    busy_poll_us,
                 };
                 start_child(
                     self.command.clone(),
@@ -540,7 +554,11 @@ pub async fn bootstrap_main(
     };
     let events: hyperactor::PortId = config.events.parse()?;
     let registry = Arc::new(make_registry(&config));
-    let proc = Proc::serve(&config.name, addr).await?;
+    let proc_config = hyperactor::ProcConfig {
+        busy_poll: Duration::from_micros(config.busy_poll_us),
+        ..hyperactor::ProcConfig::default()
+    };
+    let proc = Proc::serve_with_config(&config.name, addr, proc_config).await?;
     start_mesh_proc(&proc, registry, PortRef::attest(events))?;
     {
         use std::io::Write;

@@ -63,6 +63,8 @@ pub enum Outcome {
     Failed {
         /// The cast.
         seq: u64,
+        /// The actor mesh.
+        mesh: String,
         /// The rank.
         rank: u32,
         /// Why.
@@ -85,6 +87,10 @@ pub struct Caster {
     fanout: u32,
     next_seq: u64,
     requests: HashMap<u64, Request>,
+    /// Broadcasts until their deadline (CA-5), to take over the children
+    /// of a proc that dies; oldest first.
+    broadcasts: HashMap<u64, Node>,
+    broadcast_order: VecDeque<(Instant, u64)>,
     dead: HashMap<ProcId, String>,
     ready: VecDeque<Outcome>,
 }
@@ -101,6 +107,8 @@ impl Caster {
             fanout: fanout.max(1),
             next_seq: 1,
             requests: HashMap::new(),
+            broadcasts: HashMap::new(),
+            broadcast_order: VecDeque::new(),
             dead: HashMap::new(),
             ready: VecDeque::new(),
         }
@@ -141,6 +149,21 @@ impl Caster {
         };
         let chunks = split(0, target.procs.len(), self.fanout as usize);
         let failed = node.forward(&self.mailbox, &self.me, chunks, &self.dead);
+        if mode == CastMode::Broadcast {
+            for (rank, reason) in failed {
+                let error = RankError::Failed(reason);
+                let mesh = target.mesh.clone();
+                self.ready.push_back(Outcome::Failed {
+                    seq,
+                    mesh,
+                    rank,
+                    error,
+                });
+            }
+            self.broadcast_order.push_back((node.deadline, seq));
+            self.broadcasts.insert(seq, node);
+            return seq;
+        }
         let mut request = Request {
             node,
             reported: HashSet::new(),
@@ -155,6 +178,11 @@ impl Caster {
     /// ranks and go on to its children (CA-3).
     pub fn proc_died(&mut self, proc: &ProcId, reason: &str) {
         self.dead.insert(proc.clone(), reason.to_string());
+        // Broadcasts go on to the dead proc's children; its own ranks are
+        // reported by supervision, not once per broadcast.
+        for node in self.broadcasts.values_mut() {
+            node.proc_died(&self.mailbox, &self.me, proc, &self.dead);
+        }
         let seqs: Vec<u64> = self.requests.keys().copied().collect();
         for seq in seqs {
             let Some(mut request) = self.requests.remove(&seq) else {
@@ -163,9 +191,9 @@ impl Caster {
             let mut failed = request
                 .node
                 .proc_died(&self.mailbox, &self.me, proc, &self.dead);
-            // Stream and broadcast replies come straight from each proc, so
-            // the dead proc's unreported ranks fail here wherever it sat.
-            if matches!(request.node.mode, CastMode::Stream | CastMode::Broadcast)
+            // Stream replies come straight from each proc, so the dead
+            // proc's unreported ranks fail here wherever it sat.
+            if request.node.mode == CastMode::Stream
                 && let Some(at) = request.node.tree.procs.iter().position(|p| p == proc)
             {
                 let why = format!("proc {proc} died: {reason}");
@@ -178,9 +206,10 @@ impl Caster {
         }
     }
 
-    /// Whether no cast is waiting for replies and nothing is ready.
+    /// Whether no cast is waiting for replies (or, for broadcasts, for
+    /// errors) and nothing is ready.
     pub fn is_idle(&self) -> bool {
-        self.requests.is_empty() && self.ready.is_empty()
+        self.requests.is_empty() && self.ready.is_empty() && self.broadcasts.is_empty()
     }
 
     /// How many casts wait for replies.
@@ -194,7 +223,12 @@ impl Caster {
             if let Some(outcome) = self.ready.pop_front() {
                 return Some(outcome);
             }
-            let deadline = self.requests.values().map(|r| r.node.deadline).min()?;
+            let deadline = self
+                .requests
+                .values()
+                .map(|r| r.node.deadline)
+                .chain(self.broadcast_order.front().map(|(at, _)| *at))
+                .min()?;
             tokio::select! {
                 reply = self.port.recv() => match reply {
                     Some(reply) => self.take(reply),
@@ -215,7 +249,11 @@ impl Caster {
                 Some(Some(reply)) => self.take(reply),
                 _ => {
                     let now = Instant::now();
-                    if self.requests.values().any(|r| r.node.deadline <= now) {
+                    let broadcast_due = self
+                        .broadcast_order
+                        .front()
+                        .is_some_and(|(at, _)| *at <= now);
+                    if broadcast_due || self.requests.values().any(|r| r.node.deadline <= now) {
                         self.expire(now);
                         continue;
                     }
@@ -240,18 +278,20 @@ impl Caster {
                 }
             }
             CastReply::Item { seq, rank, result } => {
-                if let Some(mut request) = self.requests.remove(&seq) {
+                if let Some(node) = self.broadcasts.get(&seq) {
+                    let error = result
+                        .err()
+                        .unwrap_or(RankError::Invalid("a broadcast reported a success".into()));
+                    let mesh = node.mesh.clone();
+                    self.ready.push_back(Outcome::Failed {
+                        seq,
+                        mesh,
+                        rank,
+                        error,
+                    });
+                } else if let Some(mut request) = self.requests.remove(&seq) {
                     if request.reported.insert(rank) {
-                        self.ready.push_back(match request.node.mode {
-                            CastMode::Broadcast => Outcome::Failed {
-                                seq,
-                                rank,
-                                error: result.err().unwrap_or(RankError::Invalid(
-                                    "a broadcast reported a success".into(),
-                                )),
-                            },
-                            _ => Outcome::Item { seq, rank, result },
-                        });
+                        self.ready.push_back(Outcome::Item { seq, rank, result });
                     }
                     self.settle(seq, request);
                 }
@@ -269,7 +309,6 @@ impl Caster {
                     rank,
                     result: Err(error),
                 },
-                CastMode::Broadcast => Outcome::Failed { seq, rank, error },
                 _ => continue,
             };
             if request.reported.insert(rank) {
@@ -290,7 +329,6 @@ impl Caster {
         }
         match request.node.mode {
             CastMode::Stream => self.ready.push_back(Outcome::End { seq }),
-            CastMode::Broadcast => {}
             mode => self.ready.push_back(Outcome::Done {
                 seq,
                 result: request.node.partial.finish(mode.fold()),
@@ -300,6 +338,14 @@ impl Caster {
 
     /// Fails what is still missing of casts past their deadline.
     fn expire(&mut self, now: Instant) {
+        // A broadcast's ranks report their own timeouts (CA-4).
+        while let Some(&(at, seq)) = self.broadcast_order.front() {
+            if at > now {
+                break;
+            }
+            self.broadcast_order.pop_front();
+            self.broadcasts.remove(&seq);
+        }
         let expired: Vec<u64> = self
             .requests
             .iter()
@@ -312,33 +358,20 @@ impl Caster {
             };
             let error = RankError::Timeout(request.node.timeout_ms);
             match request.node.mode {
-                CastMode::Stream | CastMode::Broadcast => {
+                CastMode::Stream => {
                     let mut all: Vec<u32> =
                         request.node.tree.ranks.iter().flatten().copied().collect();
                     all.sort_unstable();
-                    let missing: Vec<(u32, String)> = all
-                        .into_iter()
-                        .filter(|r| !request.reported.contains(r))
-                        .map(|r| (r, String::new()))
-                        .collect();
-                    for (rank, _) in missing {
-                        request.reported.insert(rank);
-                        self.ready.push_back(match request.node.mode {
-                            CastMode::Stream => Outcome::Item {
+                    for rank in all {
+                        if request.reported.insert(rank) {
+                            self.ready.push_back(Outcome::Item {
                                 seq,
                                 rank,
                                 result: Err(error.clone()),
-                            },
-                            _ => Outcome::Failed {
-                                seq,
-                                rank,
-                                error: error.clone(),
-                            },
-                        });
+                            });
+                        }
                     }
-                    if request.node.mode == CastMode::Stream {
-                        self.ready.push_back(Outcome::End { seq });
-                    }
+                    self.ready.push_back(Outcome::End { seq });
                 }
                 mode => {
                     let fold = mode.fold();

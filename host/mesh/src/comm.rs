@@ -22,6 +22,9 @@
 //!   parent with what it has or will have. Ranks on live procs complete.
 //! - CA-4: every local delivery ends within the cast's timeout, so every
 //!   live subtree answers.
+//! - CA-5: broadcasts send nothing back up the tree: each rank's error goes
+//!   straight to the caster, and nodes keep a broadcast (to take over the
+//!   children of a proc that dies) until its timeout passes.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -349,6 +352,14 @@ const GRACE: Duration = Duration::from_secs(2);
 impl CommState {
     /// Sends a finished node's partial to its parent and keeps a copy.
     fn finish(&mut self, sender: &Mailbox, key: Key) {
+        if self
+            .pending
+            .get(&key)
+            .is_some_and(|(node, _)| node.mode == CastMode::Broadcast)
+        {
+            // CA-5: nothing goes up; the node is kept for its children.
+            return;
+        }
         let Some((node, parent)) = self.pending.remove(&key) else {
             return;
         };

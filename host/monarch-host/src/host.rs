@@ -288,26 +288,33 @@ impl HostState {
             mode.cast_mode(),
             self.call_timeout,
         );
-        self.pending.insert(
-            seq,
-            Pending {
-                id,
-                mode,
-                mesh: mesh.name().to_string(),
-                extent: mesh.extent.clone(),
-                chosen,
-            },
-        );
+        if !matches!(mode, Mode::Broadcast) {
+            self.pending.insert(
+                seq,
+                Pending {
+                    id,
+                    mode,
+                    mesh: mesh.name().to_string(),
+                    extent: mesh.extent.clone(),
+                    chosen,
+                },
+            );
+        }
         id
     }
 
     /// Turns what came back for a cast into the guest's event.
     fn take_outcome(&mut self, outcome: Outcome) {
         let seq = match &outcome {
-            Outcome::Done { seq, .. }
-            | Outcome::Item { seq, .. }
-            | Outcome::End { seq }
-            | Outcome::Failed { seq, .. } => *seq,
+            Outcome::Done { seq, .. } | Outcome::Item { seq, .. } | Outcome::End { seq } => *seq,
+            Outcome::Failed {
+                mesh, rank, error, ..
+            } => {
+                // A broadcast's rank failed; broadcasts keep no request.
+                let kind = EventKind::Failure(failure(mesh, *rank, error.to_string()));
+                self.ready.push_back(Event { id: 0, kind });
+                return;
+            }
         };
         let finished = matches!(outcome, Outcome::Done { .. } | Outcome::End { .. });
         let Some(pending) = (if finished {
