@@ -630,9 +630,17 @@ async fn accept_loop(
                 let proc = Proc(inner);
                 let runtime = proc.0.runtime.clone();
                 runtime.spawn(async move {
-                    if let Err(e) = receive(proc.clone(), conn).await {
-                        proc.0.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(proc = %proc.0.id, error = %e, "closed a connection after a bad frame");
+                    match receive(proc.clone(), conn).await {
+                        Ok(()) => {}
+                        // The peer went away (it exited, or was stopped):
+                        // not a bad frame, and nothing to warn about.
+                        Err(FrameError::Io(e)) if peer_gone(&e) => {
+                            tracing::debug!(proc = %proc.0.id, error = %e, "a peer closed its connection");
+                        }
+                        Err(e) => {
+                            proc.0.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(proc = %proc.0.id, error = %e, "closed a connection after a bad frame");
+                        }
                     }
                 });
             }
@@ -642,6 +650,15 @@ async fn accept_loop(
             }
         }
     }
+}
+
+/// Whether a socket error only means that the peer closed or vanished.
+fn peer_gone(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        ConnectionReset | BrokenPipe | ConnectionAborted | UnexpectedEof
+    )
 }
 
 /// Serves one incoming connection: hello, then data frames in sequence

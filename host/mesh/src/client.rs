@@ -136,6 +136,16 @@ impl MeshClient {
         Ok(allocated)
     }
 
+    /// How many procs started by this client still run.
+    pub fn live_procs(&self) -> usize {
+        let state = self.state.lock();
+        state
+            .procs
+            .iter()
+            .filter(|p| !state.dead.contains_key(&p.proc) && !state.stopping.contains(&p.proc))
+            .count()
+    }
+
     /// Why `proc` ended, if it has.
     pub fn dead(&self, proc: &ProcId) -> Option<String> {
         self.state.lock().dead.get(proc).cloned()

@@ -52,7 +52,6 @@ pub struct Cluster {
     pub(crate) deadline: Instant,
     pub(crate) program: ProgramBytes,
     client: std::sync::OnceLock<Arc<MeshClient>>,
-    procs_spawned: AtomicUsize,
     meshes: std::sync::Mutex<Vec<Arc<MeshBase>>>,
 }
 
@@ -74,7 +73,6 @@ impl Cluster {
             deadline,
             program,
             client: client.map(std::sync::OnceLock::from).unwrap_or_default(),
-            procs_spawned: AtomicUsize::new(0),
             meshes: std::sync::Mutex::new(Vec::new()),
         })
     }
@@ -92,20 +90,16 @@ impl Cluster {
 
     async fn spawn_procs(&self, count: usize) -> Result<Vec<ProcId>, String> {
         let client = self.client()?;
-        let before = self.procs_spawned.fetch_add(count, Ordering::Relaxed);
-        if before + count > self.sandbox.max_procs {
-            self.procs_spawned.fetch_sub(count, Ordering::Relaxed);
+        let running = client.live_procs();
+        if running + count > self.sandbox.max_procs {
             return Err(format!(
-                "the host allows {} procs (--procs) and {before} are running; {count} more asked for",
+                "the host allows {} procs (--procs) and {running} are running; {count} more asked for",
                 self.sandbox.max_procs,
             ));
         }
         match client.spawn_procs(count).await {
             Ok(allocated) => Ok(allocated.into_iter().map(|a| a.proc).collect()),
-            Err(e) => {
-                self.procs_spawned.fetch_sub(count, Ordering::Relaxed);
-                Err(format!("cannot start procs: {e}"))
-            }
+            Err(e) => Err(format!("cannot start procs: {e}")),
         }
     }
 
