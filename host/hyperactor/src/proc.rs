@@ -865,6 +865,51 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn lk5_corked_sends_reach_another_process_together_and_in_order() {
+        let dir = std::env::temp_dir();
+        let sock = |n: &str| {
+            format!("unix:{}/lk5-{}-{n}.sock", dir.display(), new_session_id())
+                .parse()
+                .unwrap()
+        };
+        let a = Proc::serve_with_config("a", sock("a"), quick())
+            .await
+            .unwrap();
+        let b = Proc::serve_with_config("b", sock("b"), quick())
+            .await
+            .unwrap();
+        let echo = b.spawn("echo", 0, EchoActor::default()).unwrap().bind();
+        let (client, _) = a.attach("client").unwrap();
+        // Interleave corked bursts with plain sends: order holds across both.
+        for burst in 0..50u64 {
+            crate::channel::corked(|| {
+                for i in 0..40 {
+                    echo.send(
+                        &client,
+                        Numbered {
+                            stream: 5,
+                            seq: burst * 41 + i,
+                        },
+                    );
+                }
+            });
+            echo.send(
+                &client,
+                Numbered {
+                    stream: 5,
+                    seq: burst * 41 + 40,
+                },
+            );
+        }
+        let stats = echo
+            .call(&client, |reply| StreamReport { stream: 5, reply })
+            .await
+            .unwrap();
+        assert_eq!(stats.received, 50 * 41);
+        assert_eq!(stats.out_of_order, 0);
+    }
+
+    #[tokio::test]
     async fn pr3_unknown_actor_comes_back_and_fails_the_call() {
         let a = local("a").await;
         let b = local("b").await;

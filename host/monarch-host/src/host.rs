@@ -275,13 +275,12 @@ impl HostState {
             }
             _ => None,
         };
-        let seq = self.caster.cast(
-            &target,
-            &endpoint,
-            message,
-            mode.cast_mode(),
-            self.call_timeout,
-        );
+        // Casts made back to back reach each proc in one write, when the
+        // guest next waits (or the links' tasks otherwise get to run).
+        let (caster, timeout) = (&mut self.caster, self.call_timeout);
+        let seq = hyperactor::channel::corked(|| {
+            caster.cast(&target, &endpoint, message, mode.cast_mode(), timeout)
+        });
         if !matches!(mode, Mode::Broadcast) {
             self.pending.insert(
                 seq,

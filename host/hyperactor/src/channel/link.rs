@@ -16,6 +16,8 @@
 //!   under way, or in a burst (within `BURST_WINDOW` of the last write), are
 //!   appended and written together by the link's own task, which also
 //!   writes whatever the socket could not take when it has room again.
+//! - LK-5: inside [`corked`], every frame takes the burst path, so frames
+//!   sent back to back by one task reach the socket together.
 
 use std::collections::VecDeque;
 use std::io;
@@ -38,6 +40,24 @@ const MAX_CONNECT_WAIT: Duration = Duration::from_secs(5);
 /// link's task writes it with whatever else arrives meanwhile. Shorter than
 /// any cross-process round trip, so a lone call is never held back.
 const BURST_WINDOW: Duration = Duration::from_micros(4);
+
+thread_local! {
+    /// Set by [`corked`]: sends leave the writing to the links' tasks.
+    static CORKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with this thread's sends *corked*: a frame sent to a remote
+/// proc inside `f` is not written at once by the sender but by its link's
+/// task, together with every frame that follows before that task runs, in
+/// one system call (LK-5). Use it around many sends that belong together,
+/// such as the messages of a cast: the sender goes on at once, and each
+/// peer wakes up once for the lot. Sends within one proc are unaffected.
+pub fn corked<R>(f: impl FnOnce() -> R) -> R {
+    let before = CORKED.replace(true);
+    let result = f();
+    CORKED.set(before);
+    result
+}
 
 /// Counters shared by the links and receivers of a proc.
 #[derive(Debug, Default)]
@@ -164,9 +184,9 @@ impl<T: Send + 'static> Link<T> {
             // Whoever is writing, or about to, takes this frame too.
             return Ok(());
         }
-        if st.last_write.elapsed() < BURST_WINDOW {
-            // Part of a burst: let the link's task write what piles up
-            // meanwhile in one system call.
+        if CORKED.get() || st.last_write.elapsed() < BURST_WINDOW {
+            // Part of a burst (or corked by the sender): let the link's task
+            // write what piles up meanwhile in one system call.
             st.flush_scheduled = true;
             drop(st);
             self.wake.notify_one();

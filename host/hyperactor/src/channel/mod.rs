@@ -16,4 +16,4 @@ pub(crate) mod transport;
 
 pub use addr::{AddrParseError, ChannelAddr};
 pub use frame::FrameError;
-pub use link::ChannelStats;
+pub use link::{ChannelStats, corked};
