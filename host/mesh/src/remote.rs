@@ -203,10 +203,23 @@ impl Actor for HostAgent {
     }
 }
 
+/// The most procs an agent starts for one request.
+pub const MAX_PROCS_PER_REQUEST: usize = 1024;
+
 impl Handler<AgentSpawn> for HostAgent {
     async fn handle(&mut self, cx: &Context<Self>, request: AgentSpawn) -> anyhow::Result<()> {
         if let Err(e) = self.check(&request.token) {
             request.reply.send(cx, Err(e));
+            return Ok(());
+        }
+        if request.names.len() > MAX_PROCS_PER_REQUEST {
+            let asked = request.names.len();
+            request.reply.send(
+                cx,
+                Err(format!(
+                    "asked for {asked} procs; an agent starts at most {MAX_PROCS_PER_REQUEST} at once"
+                )),
+            );
             return Ok(());
         }
         let allocator = {

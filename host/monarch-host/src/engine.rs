@@ -293,3 +293,22 @@ mod tests {
         assert!(err.to_string().contains("wasm32-wasip2"), "{err}");
     }
 }
+
+#[cfg(test)]
+mod cache_tests {
+    use super::*;
+
+    /// A host compiles a program once, whatever memory cap its procs run
+    /// with: the cap must not change the compiled form's cache key.
+    #[test]
+    fn the_memory_cap_does_not_change_the_cache_key() {
+        use std::hash::{Hash, Hasher};
+        let key = |memory: usize| {
+            let engine = new_engine(memory).unwrap();
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            engine.precompile_compatibility_hash().hash(&mut hasher);
+            hasher.finish()
+        };
+        assert_eq!(key(64 << 20), key(256 << 20));
+    }
+}
