@@ -222,6 +222,8 @@ pub struct LocalAllocator {
     listen: String,
     socket_dir: PathBuf,
     children: Arc<Mutex<Vec<ChildEntry>>>,
+    /// Set by `stop_all`: the last child to end removes the socket directory.
+    stopped: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl LocalAllocator {
@@ -241,12 +243,14 @@ impl LocalAllocator {
             listen: "unix".into(),
             socket_dir,
             children: Arc::default(),
+            stopped: Arc::default(),
         })
     }
 
     /// Children listen on TCP at `ip` (any free port) instead of Unix
     /// sockets, so that other hosts can reach them.
     pub fn listen_tcp(mut self, ip: std::net::IpAddr) -> Self {
+        std::fs::remove_dir(&self.socket_dir).ok();
         self.listen = format!("tcp:{}", std::net::SocketAddr::new(ip, 0));
         self
     }
@@ -303,7 +307,11 @@ impl Allocator for LocalAllocator {
                     self.command.clone(),
                     config,
                     stopped.clone(),
-                    self.children.clone(),
+                    Cleanup {
+                        children: self.children.clone(),
+                        stopped: self.stopped.clone(),
+                        socket_dir: (self.listen == "unix").then(|| self.socket_dir.clone()),
+                    },
                 )
             })
             .collect();
@@ -342,7 +350,12 @@ impl Allocator for LocalAllocator {
     }
 
     fn stop_all(&self) {
-        for child in self.children.lock().iter_mut() {
+        self.stopped.store(true, Ordering::Relaxed);
+        let mut children = self.children.lock();
+        if children.is_empty() && self.listen == "unix" {
+            std::fs::remove_dir_all(&self.socket_dir).ok();
+        }
+        for child in children.iter_mut() {
             if let Some(kill) = child.kill.take() {
                 let _ = kill.send(());
             }
@@ -406,12 +419,20 @@ fn signal_name(signal: i32) -> &'static str {
     }
 }
 
+/// What a child's watcher tidies when the child ends.
+struct Cleanup {
+    children: Arc<Mutex<Vec<ChildEntry>>>,
+    stopped: Arc<std::sync::atomic::AtomicBool>,
+    socket_dir: Option<PathBuf>,
+}
+
 fn start_child(
     command: BootstrapCommand,
     config: BootstrapConfig,
     stopped: mpsc::UnboundedSender<MeshEvent>,
-    children: Arc<Mutex<Vec<ChildEntry>>>,
+    cleanup: Cleanup,
 ) -> BoxFuture<Result<Allocated, AllocError>> {
+    let children = cleanup.children.clone();
     Box::pin(async move {
         let name = config.name.clone();
         let started = std::time::Instant::now();
@@ -510,7 +531,17 @@ fn start_child(
             let reason = status
                 .map(describe_exit)
                 .unwrap_or_else(|e| format!("lost: {e}"));
-            children.lock().retain(|c| c.proc != watched);
+            let last = {
+                let mut children = children.lock();
+                children.retain(|c| c.proc != watched);
+                children.is_empty()
+            };
+            if last
+                && cleanup.stopped.load(Ordering::Relaxed)
+                && let Some(dir) = &cleanup.socket_dir
+            {
+                std::fs::remove_dir_all(dir).ok();
+            }
             // AL-2: reported once.
             let _ = stopped.send(MeshEvent::ProcStopped {
                 proc: watched,
