@@ -10,7 +10,9 @@ use std::sync::atomic::AtomicUsize;
 use hyperactor::ProcId;
 use hyperactor_mesh::CastTarget;
 
-use crate::bindings::{Dim, Selector, SliceDim};
+use hyperactor_mesh::shape::{Extent, Selector, Shape};
+
+use crate::bindings::{Dim, Selector as WitSelector, SliceDim};
 
 /// A proc mesh: procs in an extent.
 pub struct ProcMeshHandle {
@@ -166,113 +168,58 @@ pub fn extent_size(extent: &[Dim]) -> usize {
     extent.iter().map(|d| d.size as usize).product()
 }
 
+/// The mesh layer's extent for a WIT extent, checked: at least one
+/// dimension, no size 0, no name twice.
+fn to_extent(extent: &[Dim]) -> Result<Extent, String> {
+    Extent::new(extent.iter().map(|d| (d.name.clone(), d.size as usize))).map_err(|e| e.to_string())
+}
+
 /// Checks an extent a guest asked for.
 pub fn validate_extent(extent: &[Dim]) -> Result<(), String> {
-    if extent.is_empty() {
-        return Err("an extent needs at least one dimension".into());
-    }
-    for (i, dim) in extent.iter().enumerate() {
-        if dim.size == 0 {
-            return Err(format!("dimension `{}` has size 0", dim.name));
-        }
-        if extent[..i].iter().any(|other| other.name == dim.name) {
-            return Err(format!("dimension `{}` appears twice", dim.name));
-        }
-    }
-    Ok(())
+    to_extent(extent).map(|_| ())
 }
 
 /// Selects from `items`, laid out row-major in `extent`, the points that
-/// `dims` keep; returns the new extent and the kept items in order.
+/// `dims` keep (through `hyperactor_mesh::shape`: an index drops its
+/// dimension, a range keeps it); returns the new extent and the kept items
+/// in order.
 pub fn slice<T: Clone>(
     extent: &[Dim],
     items: &[T],
     dims: &[SliceDim],
 ) -> Result<(Vec<Dim>, Vec<T>), String> {
-    for (i, d) in dims.iter().enumerate() {
-        if !extent.iter().any(|e| e.name == d.dim) {
-            let known: Vec<&str> = extent.iter().map(|e| e.name.as_str()).collect();
-            return Err(format!(
-                "no dimension `{}` (the mesh has {})",
-                d.dim,
-                known.join(", ")
-            ));
-        }
-        if dims[..i].iter().any(|other| other.dim == d.dim) {
-            return Err(format!("dimension `{}` sliced twice", d.dim));
-        }
-    }
-    // For every dimension: the coordinates kept, and whether it stays.
-    let mut choices: Vec<(Vec<u32>, bool)> = Vec::with_capacity(extent.len());
-    for dim in extent {
-        let choice = match dims.iter().find(|d| d.dim == dim.name) {
-            None => ((0..dim.size).collect(), true),
-            Some(d) => match d.select {
-                Selector::Index(i) => {
-                    if i >= dim.size {
-                        return Err(format!(
-                            "index {i} is outside `{}` (size {})",
-                            dim.name, dim.size
-                        ));
-                    }
-                    (vec![i], false)
-                }
-                Selector::Range((start, end, step)) => {
-                    if step == 0 {
-                        return Err(format!("range on `{}` has step 0", dim.name));
-                    }
-                    let end = end.min(dim.size);
-                    if start >= end {
-                        return Err(format!(
-                            "range {start}..{end} on `{}` (size {}) is empty",
-                            dim.name, dim.size
-                        ));
-                    }
-                    ((start..end).step_by(step as usize).collect(), true)
-                }
-            },
-        };
-        choices.push(choice);
-    }
-    let mut strides = vec![1usize; extent.len()];
-    for i in (0..extent.len().saturating_sub(1)).rev() {
-        strides[i] = strides[i + 1] * extent[i + 1].size as usize;
-    }
-    let new_extent: Vec<Dim> = extent
+    let shape = Shape::new(&to_extent(extent)?);
+    let selections: Vec<(&str, Selector)> = dims
         .iter()
-        .zip(&choices)
-        .filter(|(_, (_, kept))| *kept)
-        .map(|(dim, (coords, _))| Dim {
-            name: dim.name.clone(),
-            size: coords.len() as u32,
+        .map(|d| {
+            let selector = match d.select {
+                WitSelector::Index(i) => Selector::Index(i as usize),
+                WitSelector::Range((start, end, step)) => Selector::Range {
+                    start: start as usize,
+                    end: end as usize,
+                    step: step as usize,
+                },
+            };
+            (d.dim.as_str(), selector)
         })
         .collect();
-    let mut picked = Vec::with_capacity(extent_size(&new_extent));
-    let mut cursor = vec![0usize; extent.len()];
-    loop {
-        let index: usize = cursor
-            .iter()
-            .enumerate()
-            .map(|(d, &c)| choices[d].0[c] as usize * strides[d])
-            .sum();
-        let item = items
-            .get(index)
-            .ok_or_else(|| "mesh members do not fill its extent".to_string())?;
-        picked.push(item.clone());
-        // Advance the row-major cursor over the chosen coordinates.
-        let mut d = extent.len();
-        loop {
-            if d == 0 {
-                return Ok((new_extent, picked));
-            }
-            d -= 1;
-            cursor[d] += 1;
-            if cursor[d] < choices[d].0.len() {
-                break;
-            }
-            cursor[d] = 0;
-        }
-    }
+    let sliced = shape.select_many(&selections).map_err(|e| e.to_string())?;
+    let picked = sliced
+        .ranks()
+        .into_iter()
+        .map(|rank| items.get(rank).cloned())
+        .collect::<Option<Vec<T>>>()
+        .ok_or_else(|| "mesh members do not fill its extent".to_string())?;
+    let new_extent = sliced
+        .extent()
+        .dims()
+        .iter()
+        .map(|d| Dim {
+            name: d.name.clone(),
+            size: d.size as u32,
+        })
+        .collect();
+    Ok((new_extent, picked))
 }
 
 #[cfg(test)]
@@ -297,7 +244,7 @@ mod tests {
             &ranks,
             &[SliceDim {
                 dim: "hosts".into(),
-                select: Selector::Index(1),
+                select: WitSelector::Index(1),
             }],
         )
         .unwrap();
@@ -309,7 +256,7 @@ mod tests {
             &ranks,
             &[SliceDim {
                 dim: "gpus".into(),
-                select: Selector::Range((1, 4, 2)),
+                select: WitSelector::Range((1, 4, 2)),
             }],
         )
         .unwrap();
@@ -321,7 +268,7 @@ mod tests {
     fn bad_slices_say_what_is_wrong() {
         let extent = dims(&[("gpus", 4)]);
         let ranks: Vec<u32> = (0..4).collect();
-        let err = |d: &str, s: Selector| {
+        let err = |d: &str, s: WitSelector| {
             slice(
                 &extent,
                 &ranks,
@@ -332,10 +279,10 @@ mod tests {
             )
             .unwrap_err()
         };
-        assert!(err("hosts", Selector::Index(0)).contains("no dimension `hosts`"));
-        assert!(err("gpus", Selector::Index(4)).contains("outside"));
-        assert!(err("gpus", Selector::Range((3, 2, 1))).contains("empty"));
-        assert!(err("gpus", Selector::Range((0, 2, 0))).contains("step 0"));
+        assert!(err("hosts", WitSelector::Index(0)).contains("no dimension `hosts`"));
+        assert!(err("gpus", WitSelector::Index(4)).contains("outside"));
+        assert!(err("gpus", WitSelector::Range((3, 2, 1))).contains("selects nothing"));
+        assert!(err("gpus", WitSelector::Range((0, 2, 0))).contains("step 0"));
         assert!(validate_extent(&dims(&[("a", 2), ("a", 3)])).is_err());
         assert!(validate_extent(&dims(&[("a", 0)])).is_err());
     }
