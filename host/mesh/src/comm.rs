@@ -467,6 +467,14 @@ impl Handler<Cast> for CommActor {
             tracing::warn!(origin = %cast.origin, "a cast with a malformed tree; dropped");
             return Ok(());
         }
+        if cast.tree.procs.len() == 1 && cast.parent.id() == &cast.origin {
+            // A leaf whose parent is the caster itself: no child to wait
+            // for or take over, and the caster never asks again, so nothing
+            // need be kept (CA-3 still holds: the maps were checked above).
+            drop(state);
+            deliver_leaf(cx, cast);
+            return Ok(());
+        }
         let timeout = Duration::from_millis(cast.timeout_ms);
         let local: Vec<u32> = cast.tree.ranks[0].clone();
         let mut node = Node {
@@ -513,17 +521,7 @@ impl Handler<Cast> for CommActor {
             let origin_port = origin_port.clone();
             let mode = node.mode;
             tokio::spawn(async move {
-                let result = match reply.recv_timeout(timeout).await {
-                    Ok(Ok(bytes)) => Ok(bytes),
-                    Ok(Err(text)) => Err(RankError::Endpoint(text)),
-                    Err(hyperactor::CallError::Timeout(t)) => {
-                        Err(RankError::Timeout(t.as_millis() as u64))
-                    }
-                    Err(hyperactor::CallError::Supervision(event)) => {
-                        Err(RankError::Failed(event.reason))
-                    }
-                    Err(other) => Err(RankError::Failed(other.to_string())),
-                };
+                let result = rank_result(reply.recv_timeout(timeout).await);
                 match mode {
                     CastMode::Stream => origin_port.send(
                         &mailbox,
@@ -605,6 +603,111 @@ impl Handler<ProcDied> for CommActor {
             state.finish(cx, key);
         }
         Ok(())
+    }
+}
+
+/// What a local actor's call ended with, as a rank's result.
+fn rank_result(
+    reply: Result<Result<Vec<u8>, String>, hyperactor::CallError>,
+) -> Result<Vec<u8>, RankError> {
+    match reply {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(text)) => Err(RankError::Endpoint(text)),
+        Err(hyperactor::CallError::Timeout(t)) => Err(RankError::Timeout(t.as_millis() as u64)),
+        Err(hyperactor::CallError::Supervision(event)) => Err(RankError::Failed(event.reason)),
+        Err(other) => Err(RankError::Failed(other.to_string())),
+    }
+}
+
+/// Delivers a leaf cast whose parent is the caster: each local actor's
+/// reply is folded on a task of its own, and the last one sends the
+/// subtree's result.
+fn deliver_leaf(cx: &Context<CommActor>, cast: Cast) {
+    let mode = cast.mode;
+    let fold = mode.fold();
+    let ranks = cast.tree.ranks.into_iter().next().unwrap_or_default();
+    let (start, seq) = (cast.tree.start, cast.seq);
+    let origin: PortRef<CastReply> = PortRef::attest(cast.origin.clone());
+    let subtree = move |partial: Partial| CastReply::Subtree {
+        origin: cast.origin.clone(),
+        seq,
+        start,
+        end: start + 1,
+        partial,
+    };
+    if ranks.is_empty() {
+        if mode != CastMode::Broadcast {
+            cast.parent.send(cx, subtree(Partial::new(fold)));
+        }
+        return;
+    }
+    let timeout = Duration::from_millis(cast.timeout_ms);
+    let proc = cx.proc().id().clone();
+    // One count per rank, plus one for this loop, so that exactly one of
+    // them (the last to finish) sends the result.
+    let shared = Arc::new(Mutex::new((ranks.len() + 1, Partial::new(fold))));
+    let subtree = Arc::new(subtree);
+    let message = Arc::new(cast.message);
+    for rank in ranks {
+        let actor = match proc.actor_id(&cast.mesh, rank) {
+            Ok(actor) => actor,
+            Err(e) => {
+                let mut guard = shared.lock();
+                guard.0 -= 1;
+                guard.1.add(
+                    fold,
+                    rank,
+                    Err(RankError::Invalid(format!("bad mesh name: {e}"))),
+                );
+                continue;
+            }
+        };
+        let dest = actor.port_id(handler_port::<MeshCall>());
+        let (endpoint, body) = (cast.endpoint.clone(), message.clone());
+        let reply = cx.start_call(&dest, |reply| MeshCall {
+            endpoint,
+            message: body.as_ref().clone(),
+            reply,
+        });
+        let (shared, mailbox, parent, origin, subtree) = (
+            shared.clone(),
+            (**cx).clone(),
+            cast.parent.clone(),
+            origin.clone(),
+            subtree.clone(),
+        );
+        tokio::spawn(async move {
+            let result = rank_result(reply.recv_timeout(timeout).await);
+            if mode == CastMode::Stream || (mode == CastMode::Broadcast && result.is_err()) {
+                let item = CastReply::Item {
+                    seq,
+                    rank,
+                    result: result.clone(),
+                };
+                origin.send(&mailbox, item);
+            }
+            let done = {
+                let mut guard = shared.lock();
+                guard.0 -= 1;
+                guard.1.add(fold, rank, result);
+                (guard.0 == 0).then(|| std::mem::replace(&mut guard.1, Partial::new(fold)))
+            };
+            if let Some(partial) = done
+                && mode != CastMode::Broadcast
+            {
+                parent.send(&mailbox, subtree(partial));
+            }
+        });
+    }
+    let done = {
+        let mut guard = shared.lock();
+        guard.0 -= 1;
+        (guard.0 == 0).then(|| std::mem::replace(&mut guard.1, Partial::new(fold)))
+    };
+    if let Some(partial) = done
+        && mode != CastMode::Broadcast
+    {
+        cast.parent.send(cx, subtree(partial));
     }
 }
 
