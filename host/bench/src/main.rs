@@ -85,6 +85,9 @@
 //! | `cast_reduce_1024_us` | a call to 1,024 actors (64 on each of 16 procs, `spawn_many`) summed by the host's `sum-i64` reducer | us |
 //!
 //! The full suite takes about 10 s on two cores; `--quick` a few seconds.
+//! `--peers` then runs the same workloads on PyTorch Monarch 0.7.0 and Ray
+//! 2.60.0 (`host/bench/peers`) and prints their records with a `peer`
+//! field, `{"suite":"mesh","metric":...,"peer":"monarch-0.7.0",...}`.
 
 mod controller;
 mod driver;
@@ -116,7 +119,10 @@ Examples:
   monarch-bench runtime            the full runtime suite (about 15 s on 2 cores)
   monarch-bench runtime --quick    a smoke test, a few seconds, rough figures
   monarch-bench mesh               procs as child processes (about 10 s; needs the guest
-                                   program: cd guest-sdk && cargo build --release --target wasm32-wasip2)";
+                                   program: cd guest-sdk && cargo build --release --target wasm32-wasip2)
+  monarch-bench mesh --peers       then the same workloads on PyTorch Monarch 0.7.0 and Ray 2.60.0
+                                   in the same run (records with a \"peer\" field; needs
+                                   target/peers-venv, see --help of mesh)";
 
 /// Benchmarks of monarch-host, each read against a floor measured in the same run.
 #[derive(Debug, Parser)]
@@ -162,7 +168,9 @@ enum Suite {
     /// 21), cast_reduce_1024_us (64 actors on each of 16 procs, summed in
     /// the host; median), and the floor raw_unix_rtt_us. Needs the guest
     /// program: `cd guest-sdk && cargo build --release --target
-    /// wasm32-wasip2`. About 10 s on 2 cores.
+    /// wasm32-wasip2`. About 10 s on 2 cores. `--peers` then measures the
+    /// same workloads on PyTorch Monarch 0.7.0 and Ray 2.60.0 in the same
+    /// run.
     Mesh(mesh::MeshArgs),
 
     /// A proc of the mesh suite, as `monarch-host bootstrap`: started by the

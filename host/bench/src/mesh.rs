@@ -19,13 +19,33 @@
 //! proc exactly as `monarch-host bootstrap` does, so the suite needs no
 //! separately built `monarch-host`; `--proc-program` names another binary
 //! with that subcommand (a `monarch-host`) instead.
+//!
+//! # The peers, side by side
+//!
+//! `--peers` then runs the same workloads on PyTorch Monarch 0.7.0 and Ray
+//! 2.60.0 in the same run: `host/bench/peers/monarch_mesh.py` and
+//! `ray_mesh.py` (built into this binary, written to a scratch directory
+//! and run with `--peers-python`, by default `target/peers-venv/bin/python`).
+//! Each prints records with a `peer` field, which are checked and passed
+//! on to stdout:
+//!
+//! ```text
+//! {"suite":"mesh","metric":"call_gather_8_us","peer":"monarch-0.7.0","value":2977.47,"unit":"us"}
+//! ```
+//!
+//! A missing Python or package is a warning on stderr (with the command
+//! that installs them), not an error: the suite's own records stand. A
+//! table of this host's figures beside the peers' goes to stderr.
 
-use std::path::PathBuf;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Args;
 use monarch_host::{Placement, Sandbox};
+use tokio::io::{AsyncBufReadExt as _, BufReader};
 
 use crate::guest::{self, Record};
 use crate::raw::RawStream;
@@ -73,6 +93,17 @@ pub struct MeshArgs {
     /// this one; a `monarch-host` binary works too.
     #[arg(long)]
     proc_program: Option<PathBuf>,
+    /// After this suite, run the same workloads on PyTorch Monarch 0.7.0
+    /// and Ray 2.60.0 (`host/bench/peers/*.py`) in the same run and print
+    /// their records too, each with a `peer` field; about two minutes
+    /// more. Needs Python with both packages: `python3 -m venv
+    /// target/peers-venv && target/peers-venv/bin/pip install
+    /// torchmonarch==0.7.0 ray==2.60.0`.
+    #[arg(long)]
+    peers: bool,
+    /// The Python that runs the peers (`--peers`).
+    #[arg(long, default_value = DEFAULT_PEERS_PYTHON, value_name = "PATH")]
+    peers_python: PathBuf,
 }
 
 /// Runs the suite and writes its records to stdout.
@@ -166,6 +197,10 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
         seconds = format!("{:.1}", began.elapsed().as_secs_f64()),
         "mesh suite done"
     );
+    if args.peers {
+        let peers = run_peers(&args.peers_python, scratch.path(), args.quick).await?;
+        log_comparison(&records, &peers);
+    }
     Ok(())
 }
 
@@ -183,5 +218,427 @@ fn log_ratios(records: &[Record], floor_us: f64) {
             over_raw_unix_rtt = format!("{:.1}", micros / floor_us),
             "as a multiple of the floor"
         );
+    }
+}
+
+/// Where `--peers` looks for Python by default, from the repository root.
+const DEFAULT_PEERS_PYTHON: &str = "target/peers-venv/bin/python";
+
+/// How to install what `--peers` needs, from the repository root.
+const PEERS_INSTALL: &str = "python3 -m venv target/peers-venv && target/peers-venv/bin/pip install torchmonarch==0.7.0 ray==2.60.0";
+
+/// How long one peer's script may run (each takes about a minute on two
+/// cores) before it is killed with everything it started.
+const PEER_TIMEOUT: Duration = Duration::from_secs(240);
+
+/// How long asking Python for a package's version may take.
+const PEER_CHECK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A system that `--peers` runs the suite's workloads on.
+struct Peer {
+    /// The `peer` field of its records.
+    label: &'static str,
+    /// The Python distribution it needs, and its version.
+    package: &'static str,
+    version: &'static str,
+    /// Its script: a file name and the text (`host/bench/peers`).
+    script: &'static str,
+    source: &'static str,
+}
+
+/// The peers, in the order they run and appear in the table.
+const PEERS: [Peer; 2] = [
+    Peer {
+        label: "monarch-0.7.0",
+        package: "torchmonarch",
+        version: "0.7.0",
+        script: "monarch_mesh.py",
+        source: include_str!("../peers/monarch_mesh.py"),
+    },
+    Peer {
+        label: "ray-2.60.0",
+        package: "ray",
+        version: "2.60.0",
+        script: "ray_mesh.py",
+        source: include_str!("../peers/ray_mesh.py"),
+    },
+];
+
+/// A figure a peer reported.
+#[derive(Debug, Clone, PartialEq)]
+struct PeerRecord {
+    peer: String,
+    metric: String,
+    value: f64,
+    unit: String,
+}
+
+impl PeerRecord {
+    /// The record as a JSON line, fields in the documented order (suite,
+    /// metric, peer, value, unit).
+    fn line(&self) -> String {
+        let text = |s: &str| serde_json::Value::from(s).to_string();
+        format!(
+            "{{\"suite\":{},\"metric\":{},\"peer\":{},\"value\":{},\"unit\":{}}}",
+            text(SUITE),
+            text(&self.metric),
+            text(&self.peer),
+            serde_json::Value::from(self.value),
+            text(&self.unit)
+        )
+    }
+}
+
+/// The unit every metric of the suite is reported in, from its name.
+fn unit_of(metric: &str) -> Option<&'static str> {
+    if metric.ends_with("_ms") {
+        Some("ms")
+    } else if metric.ends_with("_us") {
+        Some("us")
+    } else {
+        None
+    }
+}
+
+/// Checks one line a peer's script printed: a JSON object with exactly
+/// the fields suite (this suite), metric (one the guest measures), peer
+/// (`peer`), value (a positive number) and unit (the metric's).
+fn parse_peer_line(line: &str, peer: &str) -> Result<PeerRecord, String> {
+    let value: serde_json::Value =
+        serde_json::from_str(line).map_err(|e| format!("not JSON ({e})"))?;
+    let fields = value.as_object().ok_or("not a JSON object")?;
+    let text = |key: &str| {
+        fields
+            .get(key)
+            .and_then(serde_json::Value::as_str)
+            .ok_or_else(|| format!("no string field {key:?}"))
+    };
+    if fields.len() != 5 {
+        return Err(format!(
+            "{} fields where suite, metric, peer, value and unit were expected",
+            fields.len()
+        ));
+    }
+    if text("suite")? != SUITE {
+        return Err(format!("suite {:?}, not {SUITE:?}", text("suite")?));
+    }
+    if text("peer")? != peer {
+        return Err(format!("peer {:?}, not {peer:?}", text("peer")?));
+    }
+    let metric = text("metric")?;
+    if !GUEST_METRICS.contains(&metric) {
+        return Err(format!("unknown metric {metric:?}"));
+    }
+    let unit = text("unit")?;
+    if Some(unit) != unit_of(metric) {
+        return Err(format!("unit {unit:?} for {metric}"));
+    }
+    let figure = fields
+        .get("value")
+        .and_then(serde_json::Value::as_f64)
+        .ok_or("no number field \"value\"")?;
+    if !(figure.is_finite() && figure > 0.0) {
+        return Err(format!("value {figure} is not a positive figure"));
+    }
+    Ok(PeerRecord {
+        peer: peer.to_string(),
+        metric: metric.to_string(),
+        value: figure,
+        unit: unit.to_string(),
+    })
+}
+
+/// Runs every peer's script with `python`, passes their records on to
+/// stdout and returns them. Whatever keeps a peer from running is a
+/// warning, not an error.
+async fn run_peers(python: &Path, scratch: &Path, quick: bool) -> anyhow::Result<Vec<PeerRecord>> {
+    let mut records = Vec::new();
+    if !python.exists() {
+        tracing::warn!(
+            python = %python.display(),
+            "--peers: no Python here, so no peer figures; from the repository root, install them with: {PEERS_INSTALL} (or name another Python with --peers-python)"
+        );
+        return Ok(records);
+    }
+    for peer in &PEERS {
+        match installed_version(python, peer.package).await {
+            Ok(version) if version == peer.version => {}
+            Ok(version) => {
+                tracing::warn!(
+                    peer = peer.label,
+                    python = %python.display(),
+                    "--peers: {} {version} is installed, not {}; skipping {}; install it with: {} -m pip install {}=={}",
+                    peer.package,
+                    peer.version,
+                    peer.label,
+                    python.display(),
+                    peer.package,
+                    peer.version
+                );
+                continue;
+            }
+            Err(err) => {
+                tracing::warn!(
+                    peer = peer.label,
+                    python = %python.display(),
+                    "--peers: {err:#}; skipping {}; install it with: {} -m pip install {}=={} (or, from the repository root: {PEERS_INSTALL})",
+                    peer.label,
+                    python.display(),
+                    peer.package,
+                    peer.version
+                );
+                continue;
+            }
+        }
+        let script = scratch.join(peer.script);
+        std::fs::write(&script, peer.source)
+            .with_context(|| format!("cannot write {}", script.display()))?;
+        let began = Instant::now();
+        tracing::info!(peer = peer.label, "running the suite's workloads on a peer");
+        match run_peer(peer, python, &script, quick, &mut records).await {
+            Ok(()) => tracing::info!(
+                peer = peer.label,
+                seconds = format!("{:.1}", began.elapsed().as_secs_f64()),
+                "peer done"
+            ),
+            Err(err) => tracing::warn!(peer = peer.label, "--peers: {err:#}"),
+        }
+        let missing: Vec<&str> = GUEST_METRICS
+            .iter()
+            .copied()
+            .filter(|m| {
+                !records
+                    .iter()
+                    .any(|r| r.peer == peer.label && r.metric == *m)
+            })
+            .collect();
+        if !missing.is_empty() {
+            tracing::info!(
+                peer = peer.label,
+                "no figure for {} (the peer's log above says why)",
+                missing.join(", ")
+            );
+        }
+    }
+    Ok(records)
+}
+
+/// The version of `package` installed for `python`.
+async fn installed_version(python: &Path, package: &str) -> anyhow::Result<String> {
+    let query = tokio::process::Command::new(python)
+        .args([
+            "-c",
+            "import importlib.metadata, sys; print(importlib.metadata.version(sys.argv[1]))",
+        ])
+        .arg(package)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(PEER_CHECK_TIMEOUT, query)
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "{} did not say within {} s whether {package} is installed",
+                python.display(),
+                PEER_CHECK_TIMEOUT.as_secs()
+            )
+        })?
+        .with_context(|| format!("cannot run {}", python.display()))?;
+    anyhow::ensure!(
+        output.status.success(),
+        "{package} is not installed for {}",
+        python.display()
+    );
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
+}
+
+/// Runs one peer's script, passing each valid record on to stdout as it
+/// comes and dropping (with a warning) any other line. The script runs in
+/// a process group of its own, so that a script that runs past
+/// [`PEER_TIMEOUT`] is killed with every process it started.
+async fn run_peer(
+    peer: &Peer,
+    python: &Path,
+    script: &Path,
+    quick: bool,
+    records: &mut Vec<PeerRecord>,
+) -> anyhow::Result<()> {
+    let mut command = tokio::process::Command::new(python);
+    command.arg(script);
+    if quick {
+        command.arg("--quick");
+    }
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("cannot run {} {}", python.display(), script.display()))?;
+    let stdout = child.stdout.take().context("no stdout pipe")?;
+    let forward = async {
+        let mut lines = BufReader::new(stdout).lines();
+        while let Some(line) = lines.next_line().await? {
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
+            }
+            match parse_peer_line(line, peer.label) {
+                Ok(record) => {
+                    let mut out = std::io::stdout().lock();
+                    writeln!(out, "{}", record.line())?;
+                    out.flush()?;
+                    records.push(record);
+                }
+                Err(why) => tracing::warn!(
+                    peer = peer.label,
+                    "dropped a line of the peer's stdout ({why}): {line:?}"
+                ),
+            }
+        }
+        anyhow::Ok(child.wait().await?)
+    };
+    match tokio::time::timeout(PEER_TIMEOUT, forward).await {
+        Ok(status) => {
+            let status = status?;
+            anyhow::ensure!(
+                status.success(),
+                "{} exited with {status}; its log is above",
+                peer.script
+            );
+            Ok(())
+        }
+        Err(_) => {
+            kill_group(&mut child).await;
+            anyhow::bail!(
+                "{} ran past {} s and was killed with its processes",
+                peer.script,
+                PEER_TIMEOUT.as_secs()
+            )
+        }
+    }
+}
+
+/// Kills `child` and every process of its group (it leads one).
+async fn kill_group(child: &mut tokio::process::Child) {
+    if let Some(pid) = child.id() {
+        let _ = tokio::process::Command::new("kill")
+            .args(["-KILL", "--", &format!("-{pid}")])
+            .stdin(Stdio::null())
+            .status()
+            .await;
+    }
+    let _ = child.kill().await;
+}
+
+/// Logs this host's figures beside the peers', with how many times this
+/// host's figure each peer's is.
+fn log_comparison(ours: &[Record], peers: &[PeerRecord]) {
+    if peers.is_empty() {
+        return;
+    }
+    let mut table = format!("{:<32} {:>12}", "metric (peer / this host)", "this host");
+    for peer in &PEERS {
+        table.push_str(&format!(" {:>14} {:>8}", peer.label, "x"));
+    }
+    for metric in GUEST_METRICS {
+        let Some(mine) = ours.iter().find(|r| r.metric == metric) else {
+            continue;
+        };
+        let unit = mine.unit.as_str();
+        table.push_str(&format!(
+            "\n{:<32} {:>12}",
+            metric,
+            format!("{:.2} {unit}", mine.value)
+        ));
+        for peer in &PEERS {
+            match peers
+                .iter()
+                .find(|r| r.peer == peer.label && r.metric == metric)
+            {
+                Some(theirs) => table.push_str(&format!(
+                    " {:>14} {:>8}",
+                    format!("{:.2} {}", theirs.value, theirs.unit),
+                    ratio(theirs.value / mine.value)
+                )),
+                None => table.push_str(&format!(" {:>14} {:>8}", "-", "-")),
+            }
+        }
+    }
+    eprintln!("mesh suite beside its peers, same run:\n{table}");
+}
+
+/// A ratio for the table: one decimal, two below 1.
+fn ratio(x: f64) -> String {
+    if x < 1.0 {
+        format!("{x:.2} x")
+    } else {
+        format!("{x:.1} x")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"{"suite":"mesh","metric":"call_gather_8_us","peer":"monarch-0.7.0","value":2977.47,"unit":"us"}"#;
+
+    #[test]
+    fn a_peer_record_passes_and_prints_in_the_documented_order() {
+        let record = parse_peer_line(GOOD, "monarch-0.7.0").unwrap();
+        assert_eq!(record.value, 2977.47);
+        assert_eq!(record.line(), GOOD);
+        let spawn = r#"{"unit":"ms","value":1477.41,"peer":"ray-2.60.0","metric":"spawn_procs_8_ms","suite":"mesh"}"#;
+        let record = parse_peer_line(spawn, "ray-2.60.0").unwrap();
+        assert_eq!(
+            record.line(),
+            r#"{"suite":"mesh","metric":"spawn_procs_8_ms","peer":"ray-2.60.0","value":1477.41,"unit":"ms"}"#
+        );
+    }
+
+    #[test]
+    fn anything_else_a_peer_prints_is_refused() {
+        for bad in [
+            "Monarch internal logs are being written to /tmp",
+            "[1, 2]",
+            r#"{"suite":"mesh","metric":"call_gather_8_us","peer":"ray-2.60.0","value":1.0,"unit":"us"}"#,
+            r#"{"suite":"runtime","metric":"call_gather_8_us","peer":"monarch-0.7.0","value":1.0,"unit":"us"}"#,
+            r#"{"suite":"mesh","metric":"made_up_us","peer":"monarch-0.7.0","value":1.0,"unit":"us"}"#,
+            r#"{"suite":"mesh","metric":"call_gather_8_us","peer":"monarch-0.7.0","value":1.0,"unit":"ms"}"#,
+            r#"{"suite":"mesh","metric":"call_gather_8_us","peer":"monarch-0.7.0","value":0,"unit":"us"}"#,
+            r#"{"suite":"mesh","metric":"call_gather_8_us","peer":"monarch-0.7.0","value":"1","unit":"us"}"#,
+            r#"{"suite":"mesh","metric":"call_gather_8_us","peer":"monarch-0.7.0","value":1.0,"unit":"us","x":1}"#,
+            r#"{"suite":"mesh","metric":"call_gather_8_us","value":1.0,"unit":"us"}"#,
+        ] {
+            assert!(parse_peer_line(bad, "monarch-0.7.0").is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn every_metric_has_a_unit_and_every_peer_a_script() {
+        for metric in GUEST_METRICS {
+            assert!(unit_of(metric).is_some(), "{metric}");
+        }
+        for peer in &PEERS {
+            assert!(peer.source.contains(peer.label), "{}", peer.script);
+            // The spawn metrics are named with the count filled in.
+            for metric in GUEST_METRICS
+                .iter()
+                .filter(|m| !m.starts_with("spawn_procs_"))
+            {
+                assert!(
+                    peer.source.contains(metric),
+                    "{} lacks {metric}",
+                    peer.script
+                );
+            }
+            assert!(
+                peer.source.contains("spawn_procs_{count}_ms"),
+                "{}",
+                peer.script
+            );
+        }
     }
 }

@@ -193,3 +193,27 @@ fn help_names_the_suites_and_hides_the_worker_modes() {
     assert!(!help.contains("raw-echo"), "{help}");
     assert!(!help.contains("bootstrap"), "{help}");
 }
+
+#[test]
+fn mesh_peers_without_python_warns_how_to_install_and_keeps_stdout_clean() {
+    let program = guest_program();
+    let program = program.to_str().expect("a UTF-8 path");
+    let output = run(
+        &[
+            "mesh",
+            "--quick",
+            "--program",
+            program,
+            "--peers",
+            "--peers-python",
+            "/nonexistent/monarch-bench-peers/python",
+        ],
+        Duration::from_secs(60),
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_records(output, "mesh", &MESH_METRICS);
+    assert!(
+        stderr.contains("pip install torchmonarch==0.7.0 ray==2.60.0"),
+        "{stderr}"
+    );
+}
