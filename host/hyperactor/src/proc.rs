@@ -665,7 +665,7 @@ fn peer_gone(e: &std::io::Error) -> bool {
 /// order, acknowledged in batches. Returns an error for a bad frame, which
 /// closes only this connection (PR-2).
 async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
-    let (mut rd, wr) = conn.into_split();
+    let (mut rd, wr) = conn.into_split()?;
     let mut reader = FrameReader::new(proc.0.config.max_frame_size);
     let hello = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
         loop {
@@ -1142,7 +1142,8 @@ mod tests {
             let (mut rd, wr) = transport::connect(b.id().addr())
                 .await
                 .unwrap()
-                .into_split();
+                .into_split()
+                .unwrap();
             wr.write_all(&small_frame(FrameKind::Hello, 77, b"peer"))
                 .await
                 .unwrap();

@@ -315,7 +315,13 @@ impl<T: Send + 'static> Link<T> {
                     continue;
                 }
             };
-            let (rd, wr) = conn.into_split();
+            let (rd, wr) = match conn.into_split() {
+                Ok(halves) => halves,
+                Err(e) => {
+                    last_error = e.to_string();
+                    continue;
+                }
+            };
             if let Err(e) = wr.write_all(&self.hello).await {
                 last_error = e.to_string();
                 continue;
@@ -527,7 +533,7 @@ mod tests {
             link.send(data(value), value).map_err(|_| ()).unwrap();
         }
 
-        let (mut rd, wr) = listener.accept().await.unwrap().into_split();
+        let (mut rd, wr) = listener.accept().await.unwrap().into_split().unwrap();
         let mut reader = FrameReader::new(1 << 20);
         let (hello, from) = next(&mut reader, &mut rd).await;
         assert_eq!((hello.kind, hello.seq), (FrameKind::Hello, 42));
@@ -546,7 +552,7 @@ mod tests {
         }
         drop((rd, wr));
 
-        let (mut rd, _wr) = listener.accept().await.unwrap().into_split();
+        let (mut rd, _wr) = listener.accept().await.unwrap().into_split().unwrap();
         let mut reader = FrameReader::new(1 << 20);
         assert_eq!(next(&mut reader, &mut rd).await.0.kind, FrameKind::Hello);
         let (header, body) = next(&mut reader, &mut rd).await;

@@ -3,17 +3,23 @@
 //!
 //! `local:` channels are socket pairs handed to an in-process listener, so all
 //! three transports share the same stream code.
+//!
+//! - TR-1: a connection's socket is registered with the reactor for reading
+//!   only; room to write is waited for through a duplicate registered just
+//!   for that wait. A process is woken by what it reads, not by its peer
+//!   reading what it wrote.
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::pin::Pin;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 
 use parking_lot::Mutex;
-use tokio::io::{AsyncRead, ReadBuf};
-use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream, tcp, unix};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, Interest, ReadBuf};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::mpsc;
 
 use super::ChannelAddr;
@@ -141,24 +147,53 @@ pub(crate) enum Conn {
 }
 
 impl Conn {
-    pub(crate) fn into_split(self) -> (ReadHalf, WriteHalf) {
-        match self {
-            Conn::Tcp(s) => {
-                let (r, w) = s.into_split();
-                (ReadHalf::Tcp(r), WriteHalf::Tcp(w))
-            }
-            Conn::Unix(s) => {
-                let (r, w) = s.into_split();
-                (ReadHalf::Unix(r), WriteHalf::Unix(w))
-            }
-        }
+    /// Splits the connection into its halves. Both share the socket; it
+    /// closes when both are gone, and the write half shuts the socket down
+    /// for writing when it is dropped.
+    ///
+    /// The socket is registered with the reactor for reading only (TR-1):
+    /// a socket registered for writing too wakes its process every time the
+    /// peer reads and frees room, which on a mesh is once per reply per
+    /// proc. The write half registers a duplicate of the socket only while
+    /// a write waits for room.
+    pub(crate) fn into_split(self) -> io::Result<(ReadHalf, WriteHalf)> {
+        let fd: OwnedFd = match self {
+            Conn::Tcp(s) => s.into_std()?.into(),
+            Conn::Unix(s) => s.into_std()?.into(),
+        };
+        let fd = Arc::new(fd);
+        // SAFETY: `SharedFd` keeps the socket open (it holds an `Arc` of
+        // it) and always answers the same descriptor.
+        let read =
+            unsafe { AsyncFd::register_with_interest(SharedFd(fd.clone()), Interest::READABLE)? };
+        Ok((ReadHalf { fd: read }, WriteHalf { fd }))
+    }
+}
+
+/// A socket shared by the two halves of a connection.
+struct SharedFd(Arc<OwnedFd>);
+
+impl AsRawFd for SharedFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// One non-blocking `recv`.
+fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for writes of `buf.len()` bytes, and the caller
+    // keeps `fd` open for the call.
+    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
     }
 }
 
 /// The reading half of a connection.
-pub(crate) enum ReadHalf {
-    Tcp(tcp::OwnedReadHalf),
-    Unix(unix::OwnedReadHalf),
+pub(crate) struct ReadHalf {
+    fd: AsyncFd<SharedFd>,
 }
 
 impl ReadHalf {
@@ -168,18 +203,7 @@ impl ReadHalf {
     /// busy polling. Bytes read here are simply not there for the next
     /// ordinary read, which the reactor handles like any spurious wakeup.
     pub(crate) fn recv_now(&self, buf: &mut [u8]) -> io::Result<usize> {
-        let fd = match self {
-            ReadHalf::Tcp(r) => r.as_ref().as_raw_fd(),
-            ReadHalf::Unix(r) => r.as_ref().as_raw_fd(),
-        };
-        // SAFETY: `buf` is valid for writes of `buf.len()` bytes, and `fd`
-        // stays open while `self` (which owns the socket's read half) lives.
-        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-        if n < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        }
+        recv(self.fd.as_raw_fd(), buf)
     }
 }
 
@@ -189,33 +213,65 @@ impl AsyncRead for ReadHalf {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ReadHalf::Tcp(r) => Pin::new(r).poll_read(cx, buf),
-            ReadHalf::Unix(r) => Pin::new(r).poll_read(cx, buf),
+        let this = self.get_mut();
+        loop {
+            let mut guard = match this.fd.poll_read_ready(cx) {
+                Poll::Ready(Ok(guard)) => guard,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            };
+            let unfilled = buf.initialize_unfilled();
+            match recv(guard.get_inner().as_raw_fd(), unfilled) {
+                Ok(n) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
         }
     }
 }
 
 /// The writing half of a connection. Writes never block: `try_write` says
 /// `WouldBlock` and `writable` waits for room.
-pub(crate) enum WriteHalf {
-    Tcp(tcp::OwnedWriteHalf),
-    Unix(unix::OwnedWriteHalf),
+pub(crate) struct WriteHalf {
+    fd: Arc<OwnedFd>,
 }
 
 impl WriteHalf {
     pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            WriteHalf::Tcp(w) => w.try_write(buf),
-            WriteHalf::Unix(w) => w.try_write(buf),
+        loop {
+            // SAFETY: `buf` is valid for reads of `buf.len()` bytes, and
+            // `self.fd` is open while `self` lives.
+            let n = unsafe {
+                libc::send(
+                    self.fd.as_raw_fd(),
+                    buf.as_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
         }
     }
 
+    /// Waits until the socket has room, through a duplicate of it that is
+    /// registered for writing only for the wait (TR-1).
     pub(crate) async fn writable(&self) -> io::Result<()> {
-        match self {
-            WriteHalf::Tcp(w) => w.writable().await,
-            WriteHalf::Unix(w) => w.writable().await,
-        }
+        let dup = self.fd.try_clone()?;
+        // SAFETY: the `OwnedFd` moves into the `AsyncFd`, which keeps it
+        // open, and always answers the same descriptor.
+        let registered = unsafe { AsyncFd::register_with_interest(dup, Interest::WRITABLE)? };
+        let _ready = registered.writable().await?;
+        Ok(())
     }
 
     /// Writes all of `buf`, waiting for room as needed.
@@ -229,5 +285,39 @@ impl WriteHalf {
             }
         }
         Ok(())
+    }
+}
+
+impl Drop for WriteHalf {
+    fn drop(&mut self) {
+        // As a stream's write half does: the peer reads the end of the
+        // stream even while this side's read half lives on.
+        // SAFETY: shutdown on a socket this half shares; errors are moot.
+        unsafe { libc::shutdown(self.fd.as_raw_fd(), libc::SHUT_WR) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncReadExt;
+
+    use super::*;
+
+    /// TR-1: a writer that fills the socket waits for room through its
+    /// duplicate registration, and every byte arrives in order.
+    #[tokio::test]
+    async fn tr1_writes_wait_for_room_and_arrive_whole() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (_a_rd, a_wr) = Conn::Unix(a).into_split().unwrap();
+        let (mut b_rd, _b_wr) = Conn::Unix(b).into_split().unwrap();
+        let sent: Vec<u8> = (0..8 << 20).map(|i: u32| (i % 251) as u8).collect();
+        let expected = sent.clone();
+        let writer = tokio::spawn(async move { a_wr.write_all(&sent).await });
+        let mut got = vec![0u8; expected.len()];
+        // Let the writer fill the socket before reading anything.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        b_rd.read_exact(&mut got).await.unwrap();
+        writer.await.unwrap().unwrap();
+        assert!(got == expected, "the bytes differ");
     }
 }
