@@ -242,6 +242,35 @@ impl Proc {
         self.0.supervision_rx.lock().take()
     }
 
+    /// Tells this proc that the proc at `addr` has ended (its process
+    /// exited, or it was stopped): the link to it dies at once instead of
+    /// retrying for the delivery timeout, so messages it still holds come
+    /// back as undeliverable and calls waiting on replies from there fail
+    /// now, with `reason`.
+    pub fn peer_ended(&self, addr: &ChannelAddr, reason: &str) {
+        let link = self.0.links.lock().get(addr).cloned();
+        match link {
+            Some(link) => link.end(reason.to_string()),
+            None => {
+                let failure = DeliveryFailure::Unreachable {
+                    addr: addr.to_string(),
+                    timeout_ms: 0,
+                    detail: reason.to_string(),
+                };
+                let entries: Vec<Arc<MailboxEntry>> = self
+                    .0
+                    .actors
+                    .read()
+                    .values()
+                    .flat_map(|ranks| ranks.values().cloned())
+                    .collect();
+                for entry in entries {
+                    entry.fail_expecting(addr, &failure);
+                }
+            }
+        }
+    }
+
     /// Drops every outgoing connection at once. Links reconnect and write
     /// every unacknowledged message again; receivers drop what they already
     /// have. Useful after a network change, and to test exactly that.
@@ -907,6 +936,33 @@ mod tests {
             .unwrap();
         assert_eq!(stats.received, 50 * 41);
         assert_eq!(stats.out_of_order, 0);
+    }
+
+    #[tokio::test]
+    async fn lk6_a_peer_known_to_have_ended_fails_calls_at_once() {
+        let dir = std::env::temp_dir();
+        let addr: ChannelAddr = format!("unix:{}/lk6-{}.sock", dir.display(), new_session_id())
+            .parse()
+            .unwrap();
+        let a = local("a").await;
+        let b = Proc::serve_with_config("b", addr.clone(), quick())
+            .await
+            .unwrap();
+        let echo = b.spawn("echo", 0, EchoActor::default()).unwrap().bind();
+        let (client, _) = a.attach("client").unwrap();
+        let reply = echo.start_call(&client, |reply| Sleep {
+            millis: 5_000,
+            reply,
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let started = std::time::Instant::now();
+        a.peer_ended(&addr, "stopped by its owner");
+        let err = reply
+            .recv_timeout(Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(1), "{err}");
+        assert!(err.to_string().contains("stopped by its owner"), "{err}");
     }
 
     #[tokio::test]

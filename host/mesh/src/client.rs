@@ -291,13 +291,21 @@ fn handle_event(
             };
             state.dead.insert(proc.clone(), reason.clone());
             tracing::info!(%proc, %reason, "proc ended");
+            // What the link to it still holds fails now, not after the
+            // delivery timeout (LK-6).
+            mailbox
+                .proc()
+                .peer_ended(proc.addr(), &format!("proc {proc} {reason}"));
             // SV-1: every live comm actor hears of it.
             let died = ProcDied {
                 proc: proc.clone(),
                 reason: reason.clone(),
             };
+            // Procs that are being stopped need not hear it; a message to
+            // one would wait on its link until the delivery timeout.
             for other in &state.procs {
                 if !state.dead.contains_key(&other.proc)
+                    && !state.stopping.contains(&other.proc)
                     && let Some(port) = comm_port::<ProcDied>(&other.proc)
                 {
                     port.send(mailbox, died.clone());

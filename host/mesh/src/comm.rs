@@ -587,6 +587,7 @@ impl Handler<CastReply> for CommActor {
 
 impl Handler<ProcDied> for CommActor {
     async fn handle(&mut self, cx: &Context<Self>, died: ProcDied) -> anyhow::Result<()> {
+        cx.proc().peer_ended(died.proc.addr(), &died.reason);
         let mut state = self.state.lock();
         state.dead.insert(died.proc.clone(), died.reason);
         let dead = std::mem::take(&mut state.dead);

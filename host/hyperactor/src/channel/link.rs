@@ -18,6 +18,8 @@
 //!   writes whatever the socket could not take when it has room again.
 //! - LK-5: inside [`corked`], every frame takes the burst path, so frames
 //!   sent back to back by one task reach the socket together.
+//! - LK-6: a link whose peer is known to have ended (`Proc::peer_ended`)
+//!   dies at once, without the delivery timeout.
 
 use std::collections::VecDeque;
 use std::io;
@@ -461,23 +463,39 @@ impl<T: Send + 'static> Link<T> {
     }
 
     fn die(&self, reason: String) {
-        let undelivered: Vec<T> = {
-            let mut st = self.state.lock();
-            if st.dead {
-                return;
-            }
-            st.dead = true;
-            st.conn = None;
-            st.out = Vec::new();
-            st.unacked.drain(..).map(|p| p.ret).collect()
-        };
-        tracing::warn!(
-            dest = %self.dest,
-            undelivered = undelivered.len(),
-            %reason,
-            "link dead: peer unreachable past the delivery timeout"
-        );
-        (self.on_dead)(&self.dest, undelivered, reason);
+        if let Some(undelivered) = self.kill() {
+            tracing::warn!(
+                dest = %self.dest,
+                undelivered = undelivered.len(),
+                %reason,
+                "link dead: peer unreachable past the delivery timeout"
+            );
+            (self.on_dead)(&self.dest, undelivered, reason);
+        }
+    }
+
+    /// Ends the link now because its peer is known to have ended (LK-6):
+    /// what it still holds is handed back as undeliverable at once, and
+    /// nothing is retried.
+    pub(crate) fn end(&self, reason: String) {
+        if let Some(undelivered) = self.kill() {
+            tracing::debug!(dest = %self.dest, undelivered = undelivered.len(), %reason, "link ended: the peer ended");
+            (self.on_dead)(&self.dest, undelivered, reason);
+            self.wake.notify_one();
+        }
+    }
+
+    /// Marks the link dead; the unacknowledged frames' return info, unless
+    /// it was dead already.
+    fn kill(&self) -> Option<Vec<T>> {
+        let mut st = self.state.lock();
+        if st.dead {
+            return None;
+        }
+        st.dead = true;
+        st.conn = None;
+        st.out = Vec::new();
+        Some(st.unacked.drain(..).map(|p| p.ret).collect())
     }
 }
 
