@@ -18,6 +18,10 @@
 //! - **Errors as values**: every call ends with `Result<_, CallError>`; an
 //!   endpoint's `Err`, a trapped actor and a timeout are each a
 //!   [`CallError`] variant, never a trap in the caller.
+//! - **Supervision**: an actor or proc of the program's meshes that fails
+//!   (a trap, an exit, a kill, a lost host) is offered to the supervisor set
+//!   with [`supervise`] or to a task awaiting [`next_failure`]; a failure
+//!   nobody handles ends `main` with an error, as in Monarch.
 //! - **Async without threads**: calls are futures, driven by [`block_on`]
 //!   over the host's event mailbox, so a controller can await thousands at
 //!   once (`futures::future::join_all`), and a handler can call other
