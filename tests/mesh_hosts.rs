@@ -175,14 +175,14 @@ async fn a_partitioned_host_fails_its_ranks_and_the_other_host_completes() {
         return;
     }
     let liveness = Liveness {
-        heartbeat: Duration::from_millis(200),
-        host_timeout: Duration::from_millis(1500),
-        keepalive: Duration::from_millis(2500),
+        heartbeat: Duration::from_millis(250),
+        host_timeout: Duration::from_secs(2),
+        keepalive: Duration::from_secs(3),
     };
     let mut hosts = hosts(2, 4, liveness).await;
     assert_eq!(hosts.hosts_of, vec![0, 1, 0, 1], "round-robin over hosts");
     let mut caster = Caster::new(hosts.client.mailbox(), 16);
-    let sleep = 2500u64.to_le_bytes().to_vec();
+    let sleep = 3500u64.to_le_bytes().to_vec();
     let stream = caster.cast(
         &hosts.target,
         "sleep",
