@@ -108,8 +108,12 @@ async fn hosts(count: usize, procs: usize, liveness: Liveness) -> Hosts {
     )
     .await
     .expect("the agents answer");
-    let client = MeshClient::new(
+    let client = MeshClient::with_config(
         local.parse().unwrap(),
+        hyperactor::ProcConfig {
+            cluster_token: hyperactor::ClusterToken::new(TOKEN),
+            ..hyperactor::ProcConfig::default()
+        },
         Arc::new(allocator),
         Arc::new(|_: &str| {}),
     )
@@ -243,6 +247,33 @@ async fn remote_kills_crashes_and_ordered_casts() {
         return;
     }
     let mut hosts = hosts(2, 6, Liveness::default()).await;
+    // RM-4: a proc without the cluster token cannot reach a remote proc.
+    let stranger = hyperactor::Proc::serve_with_config(
+        "stranger",
+        format!("tcp:{}:0", hosts.net.root_ip()).parse().unwrap(),
+        hyperactor::ProcConfig {
+            delivery_timeout: Duration::from_millis(500),
+            ..hyperactor::ProcConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let (outsider, _) = stranger.attach("outsider").unwrap();
+    let mut refused = Caster::new(&outsider, 16);
+    refused.cast(
+        &hosts.target,
+        "rank",
+        vec![],
+        CastMode::Gather,
+        Duration::from_millis(1500),
+    );
+    let Some(Outcome::Done { result, .. }) = refused.next().await else {
+        panic!("the stranger's cast did not end")
+    };
+    assert!(
+        result.is_err(),
+        "a stranger reached a remote proc: {result:?}"
+    );
     let mut caster = Caster::new(hosts.client.mailbox(), 2);
     // kill -9 of a proc on host 1.
     let victim = hosts.target.procs[1].clone();
@@ -357,7 +388,8 @@ fn monarch_host_runs_a_program_on_remote_hosts() {
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unauthorized"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cluster token"), "{stderr}");
     std::fs::remove_dir_all(dir).ok();
 }
 

@@ -15,6 +15,13 @@ use hyperactor_mesh::testing::echo_registry;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,hyperactor::actor=off".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("controller") {
         let count: usize = args.get(1).map(|n| n.parse()).transpose()?.unwrap_or(2);

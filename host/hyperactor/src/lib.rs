@@ -66,4 +66,4 @@ pub use failure::{ActorSupervisionEvent, CallError, DeliveryFailure, Undeliverab
 pub use id::{ActorId, PortId, ProcId};
 pub use mailbox::{Mailbox, OncePort, OncePortRef, Port, PortRef};
 pub use message::RemoteMessage;
-pub use proc::{Proc, ProcConfig, ProcError};
+pub use proc::{ClusterToken, Proc, ProcConfig, ProcError};

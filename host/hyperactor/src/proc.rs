@@ -14,6 +14,9 @@
 //!   other connections go on.
 //! - PR-3: a message that cannot be delivered comes back to its sender as an
 //!   [`Undeliverable`], and the call waiting on it fails (DF-1).
+//! - PR-6: a proc with a cluster token ([`ProcConfig::cluster_token`])
+//!   accepts only connections whose handshake carries the same token; any
+//!   other is closed before a single message is delivered.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -64,6 +67,44 @@ pub struct ProcConfig {
     /// task sleeps, trading a little CPU for latency. Zero turns it off.
     /// Default 50 us.
     pub busy_poll: Duration,
+    /// A shared secret of the procs of one cluster: sent in the handshake
+    /// of every link this proc opens, and, when set, required of every
+    /// connection it accepts (PR-6). Default none: no check.
+    pub cluster_token: Option<ClusterToken>,
+}
+
+/// A cluster token; its `Debug` form does not show it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClusterToken(String);
+
+impl ClusterToken {
+    /// A token; `None` for an empty one.
+    pub fn new(token: &str) -> Option<ClusterToken> {
+        (!token.is_empty()).then(|| ClusterToken(token.to_string()))
+    }
+
+    /// Whether `other` is this token, in time that does not depend on
+    /// where they differ.
+    pub fn matches(&self, other: &[u8]) -> bool {
+        let mine = self.0.as_bytes();
+        let mut diff = mine.len() ^ other.len();
+        for i in 0..mine.len().max(other.len()) {
+            diff |=
+                (mine.get(i).copied().unwrap_or(0) ^ other.get(i).copied().unwrap_or(0)) as usize;
+        }
+        diff == 0
+    }
+
+    /// The token's text.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for ClusterToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClusterToken(..)")
+    }
 }
 
 impl Default for ProcConfig {
@@ -75,6 +116,7 @@ impl Default for ProcConfig {
             ack_interval: Duration::from_millis(5),
             ack_every: 512,
             busy_poll: Duration::from_micros(50),
+            cluster_token: None,
         }
     }
 }
@@ -488,10 +530,17 @@ impl Proc {
         let config = LinkConfig {
             delivery_timeout: self.0.config.delivery_timeout,
         };
+        // The handshake names this proc, and carries the cluster token
+        // after a newline when there is one (PR-6).
+        let mut hello = self.0.id.to_string();
+        if let Some(token) = &self.0.config.cluster_token {
+            hello.push('\n');
+            hello.push_str(token.expose());
+        }
         let link = Link::new(
             addr.clone(),
             new_session_id(),
-            &self.0.id.to_string(),
+            &hello,
             config,
             self.0.stats.clone(),
             on_dead,
@@ -702,8 +751,20 @@ async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
                 if header.kind != FrameKind::Hello {
                     return Err(FrameError::BadKind(header.kind as u8));
                 }
-                let from = String::from_utf8_lossy(reader.body(body)).into_owned();
-                return Ok((header.seq, from));
+                let body = reader.body(body);
+                let (from, token) = match body.iter().position(|&b| b == b'\n') {
+                    Some(at) => (&body[..at], Some(&body[at + 1..])),
+                    None => (body, None),
+                };
+                if let Some(required) = &proc.0.config.cluster_token
+                    && !token.is_some_and(|token| required.matches(token))
+                {
+                    return Err(FrameError::Invalid(format!(
+                        "{} did not present this cluster's token",
+                        String::from_utf8_lossy(from)
+                    )));
+                }
+                return Ok((header.seq, String::from_utf8_lossy(from).into_owned()));
             }
             if !reader.fill(&mut rd).await? {
                 return Err(FrameError::Truncated(0));
@@ -963,6 +1024,56 @@ mod tests {
             .unwrap_err();
         assert!(started.elapsed() < Duration::from_secs(1), "{err}");
         assert!(err.to_string().contains("stopped by its owner"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn pr6_a_proc_with_a_token_refuses_procs_without_it() {
+        let dir = std::env::temp_dir();
+        let sock = |n: &str| -> ChannelAddr {
+            format!("unix:{}/pr6-{}-{n}.sock", dir.display(), new_session_id())
+                .parse()
+                .unwrap()
+        };
+        let with = |token: Option<&str>| ProcConfig {
+            cluster_token: token.and_then(ClusterToken::new),
+            delivery_timeout: Duration::from_millis(300),
+            ..quick()
+        };
+        let guarded = Proc::serve_with_config("guarded", sock("g"), with(Some("s3cret")))
+            .await
+            .unwrap();
+        let echo = guarded
+            .spawn("echo", 0, EchoActor::default())
+            .unwrap()
+            .bind();
+        let echo_call = |client: Mailbox| {
+            let echo = echo.clone();
+            async move {
+                echo.call_timeout(
+                    &client,
+                    |reply| Echo {
+                        payload: b"hi".to_vec(),
+                        reply,
+                    },
+                    Duration::from_secs(2),
+                )
+                .await
+            }
+        };
+        let friend = Proc::serve_with_config("friend", sock("f"), with(Some("s3cret")))
+            .await
+            .unwrap();
+        let (client, _) = friend.attach("client").unwrap();
+        assert_eq!(echo_call(client).await.unwrap(), b"hi");
+        for (name, token) in [("stranger", None), ("impostor", Some("guess"))] {
+            let other = Proc::serve_with_config(name, sock(name), with(token))
+                .await
+                .unwrap();
+            let (client, _) = other.attach("client").unwrap();
+            assert!(echo_call(client).await.is_err(), "{name} got through");
+        }
+        assert!(guarded.stats().bad_frames.load(Ordering::Relaxed) >= 2);
+        assert!(format!("{:?}", with(Some("s3cret"))).contains("ClusterToken(..)"));
     }
 
     #[tokio::test]

@@ -186,6 +186,10 @@ pub struct BootstrapConfig {
     /// `hyperactor::ProcConfig::busy_poll`); 0 when procs outnumber cores.
     #[serde(default)]
     pub busy_poll_us: u64,
+    /// The cluster token the proc requires of its peers and presents to
+    /// them (hyperactor's PR-6); none on one machine.
+    #[serde(default)]
+    pub cluster_token: Option<String>,
 }
 
 /// A command that starts a child proc: a program and its arguments, to
@@ -224,6 +228,7 @@ pub struct LocalAllocator {
     children: Arc<Mutex<Vec<ChildEntry>>>,
     /// Set by `stop_all`: the last child to end removes the socket directory.
     stopped: Arc<std::sync::atomic::AtomicBool>,
+    cluster_token: Option<String>,
 }
 
 impl LocalAllocator {
@@ -244,6 +249,7 @@ impl LocalAllocator {
             socket_dir,
             children: Arc::default(),
             stopped: Arc::default(),
+            cluster_token: None,
         })
     }
 
@@ -252,6 +258,12 @@ impl LocalAllocator {
     pub fn listen_tcp(mut self, ip: std::net::IpAddr) -> Self {
         std::fs::remove_dir(&self.socket_dir).ok();
         self.listen = format!("tcp:{}", std::net::SocketAddr::new(ip, 0));
+        self
+    }
+
+    /// Children require `token` of their peers and present it to them.
+    pub fn with_cluster_token(mut self, token: Option<String>) -> Self {
+        self.cluster_token = token.filter(|t| !t.is_empty());
         self
     }
 
@@ -302,6 +314,7 @@ impl Allocator for LocalAllocator {
                     events: events.id().to_string(),
                     blob_dir: self.registry.blob_dir().to_path_buf(),
                     busy_poll_us,
+                    cluster_token: self.cluster_token.clone(),
                 };
                 start_child(
                     self.command.clone(),
@@ -587,6 +600,10 @@ pub async fn bootstrap_main(
     let registry = Arc::new(make_registry(&config));
     let proc_config = hyperactor::ProcConfig {
         busy_poll: Duration::from_micros(config.busy_poll_us),
+        cluster_token: config
+            .cluster_token
+            .as_deref()
+            .and_then(hyperactor::ClusterToken::new),
         ..hyperactor::ProcConfig::default()
     };
     let proc = Proc::serve_with_config(&config.name, addr, proc_config).await?;

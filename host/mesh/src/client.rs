@@ -16,7 +16,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyperactor::{ChannelAddr, Mailbox, PortRef, Proc, ProcId};
+use hyperactor::{ChannelAddr, Mailbox, PortRef, Proc, ProcConfig, ProcId};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
@@ -73,7 +73,18 @@ impl MeshClient {
         allocator: Arc<dyn Allocator>,
         log: LogSink,
     ) -> Result<Arc<MeshClient>, AllocError> {
-        let proc = Proc::serve("controller", addr)
+        Self::with_config(addr, ProcConfig::default(), allocator, log).await
+    }
+
+    /// [`MeshClient::new`] with the settings of the client's proc, such as
+    /// the cluster token of remote hosts.
+    pub async fn with_config(
+        addr: ChannelAddr,
+        config: ProcConfig,
+        allocator: Arc<dyn Allocator>,
+        log: LogSink,
+    ) -> Result<Arc<MeshClient>, AllocError> {
+        let proc = Proc::serve_with_config("controller", addr, config)
             .await
             .map_err(|e| AllocError(format!("cannot start the controller proc: {e}")))?;
         let (mailbox, _undeliverable) =

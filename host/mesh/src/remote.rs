@@ -15,6 +15,9 @@
 //!   heartbeats every agent well within it.
 //! - RM-3: a host whose agent misses heartbeats for the host timeout is
 //!   lost: each of its procs is reported stopped, once, with the reason.
+//! - RM-4: every proc of a cluster with a token (agents, the procs they
+//!   start, the controller's) requires it of the procs that connect to it
+//!   (hyperactor's PR-6), so strangers cannot reach any of them.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -232,7 +235,11 @@ impl Handler<AgentSpawn> for HostAgent {
                 None => {
                     let allocator =
                         match LocalAllocator::new(self.command.clone(), self.registry.clone()) {
-                            Ok(allocator) => Arc::new(allocator.listen_tcp(self.ip)),
+                            Ok(allocator) => Arc::new(
+                                allocator
+                                    .listen_tcp(self.ip)
+                                    .with_cluster_token(Some(self.token.clone())),
+                            ),
                             Err(e) => {
                                 request
                                     .reply
@@ -387,7 +394,11 @@ pub async fn serve_agent(
         _ if ip.is_loopback() => String::new(),
         _ => return Err(AgentError::NoToken(addr)),
     };
-    let proc = Proc::serve("agent", addr)
+    let config = hyperactor::ProcConfig {
+        cluster_token: hyperactor::ClusterToken::new(&token),
+        ..hyperactor::ProcConfig::default()
+    };
+    let proc = Proc::serve_with_config("agent", addr, config)
         .await
         .map_err(|e| AgentError::Serve(e.to_string()))?;
     let agent = HostAgent {
@@ -439,7 +450,11 @@ impl RemoteAllocator {
         if agents.is_empty() {
             return Err(AllocError("no hosts given".into()));
         }
-        let proc = Proc::serve("allocator", local)
+        let config = hyperactor::ProcConfig {
+            cluster_token: hyperactor::ClusterToken::new(&token),
+            ..hyperactor::ProcConfig::default()
+        };
+        let proc = Proc::serve_with_config("allocator", local, config)
             .await
             .map_err(|e| AllocError(format!("cannot start the allocator's proc: {e}")))?;
         let (mailbox, _undeliverable) = proc
@@ -507,7 +522,9 @@ impl RemoteAllocator {
             });
             return match reply.recv_timeout(self.liveness.host_timeout).await {
                 Ok(result) => result.map(|_| ()),
-                Err(e) => Err(format!("no answer: {e}")),
+                Err(e) => Err(format!(
+                    "no answer ({e}): is the agent running there, with the same cluster token (--token-file)?"
+                )),
             };
         }
         let port = agent_port::<AgentHeartbeat>(addr)?;
@@ -801,10 +818,17 @@ mod tests {
         .err()
         .expect("refused");
         assert!(matches!(err, AgentError::BadAddress(_)), "{err}");
+        let quick = Liveness {
+            heartbeat: Duration::from_millis(100),
+            host_timeout: Duration::from_millis(500),
+            keepalive: Duration::from_secs(1),
+        };
+        // RM-4: a controller with the wrong token does not get through the
+        // agent's channel, and is told to check the token.
         let agent = serve_agent(
             "tcp:127.0.0.1:0".parse().unwrap(),
             Some("right".into()),
-            command,
+            command.clone(),
             registry(),
         )
         .await
@@ -813,11 +837,31 @@ mod tests {
             "tcp:127.0.0.1:0".parse().unwrap(),
             vec![agent.id().addr().clone()],
             "wrong".into(),
-            Liveness::default(),
+            quick,
         )
         .await
         .err()
         .expect("a wrong token is refused");
-        assert!(wrong.to_string().contains("unauthorized"), "{wrong}");
+        assert!(wrong.to_string().contains("cluster token"), "{wrong}");
+        // A controller with a token and an agent without one cannot talk
+        // either: the agent's replies do not carry the token.
+        let open = serve_agent(
+            "tcp:127.0.0.1:0".parse().unwrap(),
+            None,
+            command,
+            registry(),
+        )
+        .await
+        .unwrap();
+        let wrong = RemoteAllocator::new(
+            "tcp:127.0.0.1:0".parse().unwrap(),
+            vec![open.id().addr().clone()],
+            "unexpected".into(),
+            quick,
+        )
+        .await
+        .err()
+        .expect("a token the agent does not have is refused");
+        assert!(wrong.to_string().contains("cluster token"), "{wrong}");
     }
 }

@@ -162,7 +162,14 @@ async fn start_client(
         }
     };
     let addr = addr.parse().map_err(|e| format!("{e}"))?;
-    MeshClient::new(addr, allocator, log)
+    let config = hyperactor::ProcConfig {
+        cluster_token: match placement {
+            Placement::Hosts { token, .. } => hyperactor::ClusterToken::new(token),
+            _ => None,
+        },
+        ..hyperactor::ProcConfig::default()
+    };
+    MeshClient::with_config(addr, config, allocator, log)
         .await
         .map_err(|e| e.to_string())
 }
