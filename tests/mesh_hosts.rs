@@ -9,6 +9,8 @@
 //!
 //! These tests need root and iproute2; without them they say why and pass.
 
+#[path = "support/mesh.rs"]
+mod mesh_support;
 #[path = "support/netns.rs"]
 mod netns;
 
@@ -21,6 +23,7 @@ use hyperactor_mesh::agent::MeshEvent;
 use hyperactor_mesh::client::{ActorSpec, MeshClient};
 use hyperactor_mesh::remote::{Liveness, RemoteAllocator};
 use hyperactor_mesh::{CastMode, CastTarget, Caster, Outcome, RankError, Reducer};
+use mesh_support::{alive, next_outcome};
 use netns::NetCluster;
 use tokio::sync::mpsc;
 
@@ -146,30 +149,7 @@ async fn hosts(count: usize, procs: usize, liveness: Liveness) -> Hosts {
 }
 
 async fn next(hosts: &mut Hosts, caster: &mut Caster) -> Outcome {
-    let wait = async {
-        loop {
-            tokio::select! {
-                outcome = caster.next() => return outcome.expect("nothing in flight"),
-                Some(event) = hosts.events.recv() => {
-                    if let MeshEvent::ProcStopped { proc, reason } = event {
-                        caster.proc_died(&proc, &reason);
-                    }
-                }
-            }
-        }
-    };
-    tokio::time::timeout(TIMEOUT, wait)
-        .await
-        .expect("an outcome within the test timeout")
-}
-
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
+    next_outcome(&mut hosts.events, caster, TIMEOUT).await
 }
 
 /// RM-2, RM-3, CA-3: a partition in the middle of a call.
@@ -188,13 +168,19 @@ async fn a_partitioned_host_fails_its_ranks_and_the_other_host_completes() {
     let mut caster = Caster::new(hosts.client.mailbox(), 16);
     let sleep = 3500u64.to_le_bytes().to_vec();
     let stream = caster.cast(
-        &hosts.target,
+        hosts.target.clone(),
         "sleep",
         sleep.clone(),
         CastMode::Stream,
         TIMEOUT,
     );
-    let gather = caster.cast(&hosts.target, "sleep", sleep, CastMode::Gather, TIMEOUT);
+    let gather = caster.cast(
+        hosts.target.clone(),
+        "sleep",
+        sleep,
+        CastMode::Gather,
+        TIMEOUT,
+    );
     tokio::time::sleep(Duration::from_millis(200)).await;
     hosts.net.partition(1).unwrap();
     let cut = Instant::now();
@@ -261,7 +247,7 @@ async fn remote_kills_crashes_and_ordered_casts() {
     let (outsider, _) = stranger.attach("outsider").unwrap();
     let mut refused = Caster::new(&outsider, 16);
     refused.cast(
-        &hosts.target,
+        hosts.target.clone(),
         "rank",
         vec![],
         CastMode::Gather,
@@ -293,7 +279,7 @@ async fn remote_kills_crashes_and_ordered_casts() {
             ranks.clear();
         }
     }
-    let seq = caster.cast(&only, "segfault", vec![], CastMode::Gather, TIMEOUT);
+    let seq = caster.cast(only.clone(), "segfault", vec![], CastMode::Gather, TIMEOUT);
     let Outcome::Done { seq: s, result } = next(&mut hosts, &mut caster).await else {
         panic!("no outcome")
     };
@@ -306,7 +292,7 @@ async fn remote_kills_crashes_and_ordered_casts() {
     live.ranks[2].clear();
     for n in 0..10_000u64 {
         caster.cast(
-            &live,
+            live.clone(),
             "seq",
             n.to_le_bytes().to_vec(),
             CastMode::Broadcast,
@@ -314,14 +300,14 @@ async fn remote_kills_crashes_and_ordered_casts() {
         );
     }
     let count = caster.cast(
-        &live,
+        live.clone(),
         "count",
         vec![],
         CastMode::Reduce(Reducer::MinI64),
         TIMEOUT,
     );
     let check = caster.cast(
-        &live,
+        live.clone(),
         "seq",
         10_000u64.to_le_bytes().to_vec(),
         CastMode::Reduce(Reducer::SumI64),

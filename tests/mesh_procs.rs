@@ -8,6 +8,9 @@
 //! code fails exactly its own ranks, with a reason that says which, while
 //! the other ranks complete; and no proc outlives its controller.
 
+#[path = "support/mesh.rs"]
+mod mesh_support;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,6 +19,7 @@ use hyperactor_mesh::alloc::{Allocated, BootstrapCommand, LocalAllocator};
 use hyperactor_mesh::client::{ActorSpec, MeshClient};
 use hyperactor_mesh::testing::echo_registry;
 use hyperactor_mesh::{CastMode, CastTarget, Caster, Outcome, RankError, Reducer};
+use mesh_support::{alive, next_outcome};
 use tokio::sync::mpsc;
 
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -72,21 +76,7 @@ async fn mesh(procs: usize, per_proc: u32) -> Mesh {
 
 /// The next outcome, feeding proc deaths to the caster as they come.
 async fn next(mesh: &mut Mesh, caster: &mut Caster) -> Outcome {
-    let wait = async {
-        loop {
-            tokio::select! {
-                outcome = caster.next() => return outcome.expect("nothing in flight"),
-                Some(event) = mesh.events.recv() => {
-                    if let MeshEvent::ProcStopped { proc, reason } = event {
-                        caster.proc_died(&proc, &reason);
-                    }
-                }
-            }
-        }
-    };
-    tokio::time::timeout(TIMEOUT, wait)
-        .await
-        .expect("an outcome within the test timeout")
+    next_outcome(&mut mesh.events, caster, TIMEOUT).await
 }
 
 fn int(v: i64) -> Vec<u8> {
@@ -111,14 +101,20 @@ async fn gathers_and_reductions_span_processes() {
     let mut mesh = mesh(4, 3).await;
     assert!(mesh.procs.iter().all(|p| p.pid.is_some()));
     let mut caster = Caster::new(mesh.client.mailbox(), 2);
-    let seq = caster.cast(&mesh.target, "rank", vec![], CastMode::Gather, TIMEOUT);
+    let seq = caster.cast(
+        mesh.target.clone(),
+        "rank",
+        vec![],
+        CastMode::Gather,
+        TIMEOUT,
+    );
     let Outcome::Done { seq: s, result } = next(&mut mesh, &mut caster).await else {
         panic!("not a final outcome")
     };
     assert_eq!(s, seq);
     assert_eq!(result.unwrap(), (0..12).map(int).collect::<Vec<_>>());
     let seq = caster.cast(
-        &mesh.target,
+        mesh.target.clone(),
         "rank",
         vec![],
         CastMode::Reduce(Reducer::MaxI64),
@@ -142,13 +138,19 @@ async fn a_proc_killed_mid_call_fails_only_its_ranks() {
     let started = Instant::now();
     let message = 500u64.to_le_bytes().to_vec();
     let stream = caster.cast(
-        &mesh.target,
+        mesh.target.clone(),
         "sleep",
         message.clone(),
         CastMode::Stream,
         TIMEOUT,
     );
-    let gather = caster.cast(&mesh.target, "sleep", message, CastMode::Gather, TIMEOUT);
+    let gather = caster.cast(
+        mesh.target.clone(),
+        "sleep",
+        message,
+        CastMode::Gather,
+        TIMEOUT,
+    );
     tokio::time::sleep(Duration::from_millis(100)).await;
     let victim = mesh.target.procs[2].clone();
     mesh.client.kill(&victim, libc::SIGKILL).unwrap();
@@ -189,7 +191,7 @@ async fn a_proc_killed_mid_call_fails_only_its_ranks() {
     let mut slice = mesh.target.clone();
     slice.ranks[0].clear();
     let started = Instant::now();
-    let seq = caster.cast(&slice, "rank", vec![], CastMode::Gather, TIMEOUT);
+    let seq = caster.cast(slice.clone(), "rank", vec![], CastMode::Gather, TIMEOUT);
     let Outcome::Done { seq: s, result } = next(&mut mesh, &mut caster).await else {
         panic!("no outcome")
     };
@@ -233,7 +235,7 @@ async fn crashes_and_exit_codes_are_reported_by_name() {
         target
     };
     let (segv, exit) = (only(1), only(2));
-    let seq = caster.cast(&segv, "segfault", vec![], CastMode::Gather, TIMEOUT);
+    let seq = caster.cast(segv.clone(), "segfault", vec![], CastMode::Gather, TIMEOUT);
     let reason = stopped(&mut mesh).await;
     assert!(reason.contains("SIGSEGV"), "{reason}");
     caster.proc_died(&mesh.target.procs[1], &reason);
@@ -244,7 +246,7 @@ async fn crashes_and_exit_codes_are_reported_by_name() {
     assert!(result.unwrap_err().1.to_string().contains("SIGSEGV"));
 
     caster.cast(
-        &exit,
+        exit.clone(),
         "exit",
         3u64.to_le_bytes().to_vec(),
         CastMode::Broadcast,
@@ -252,7 +254,7 @@ async fn crashes_and_exit_codes_are_reported_by_name() {
     );
     assert_eq!(stopped(&mut mesh).await, "exited with code 3");
     // The survivor still answers.
-    let seq = caster.cast(&only(0), "rank", vec![], CastMode::Gather, TIMEOUT);
+    let seq = caster.cast(only(0), "rank", vec![], CastMode::Gather, TIMEOUT);
     loop {
         match next(&mut mesh, &mut caster).await {
             Outcome::Done { seq: s, result } if s == seq => {
@@ -272,7 +274,7 @@ async fn ten_thousand_casts_arrive_in_order_through_the_tree() {
     let mut caster = Caster::new(mesh.client.mailbox(), 2);
     for n in 0..10_000u64 {
         caster.cast(
-            &mesh.target,
+            mesh.target.clone(),
             "seq",
             n.to_le_bytes().to_vec(),
             CastMode::Broadcast,
@@ -280,14 +282,14 @@ async fn ten_thousand_casts_arrive_in_order_through_the_tree() {
         );
     }
     let seq = caster.cast(
-        &mesh.target,
+        mesh.target.clone(),
         "count",
         vec![],
         CastMode::Reduce(Reducer::MinI64),
         TIMEOUT,
     );
     let check = caster.cast(
-        &mesh.target,
+        mesh.target.clone(),
         "seq",
         10_000u64.to_le_bytes().to_vec(),
         CastMode::Reduce(Reducer::SumI64),
@@ -329,7 +331,7 @@ fn no_proc_outlives_a_killed_controller() {
     std::io::BufReader::new(controller.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let pids: Vec<i32> = line
+    let pids: Vec<u32> = line
         .trim()
         .strip_prefix("PIDS ")
         .expect("the controller lists its procs")
@@ -347,22 +349,12 @@ fn no_proc_outlives_a_killed_controller() {
     }
 }
 
-/// Whether `pid` runs (a zombie waiting to be reaped does not).
-fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
-}
-
 /// Stopping procs is not a failure: they exit on their own, no failure
 /// event comes, and they take no new actors.
 #[tokio::test]
 async fn stopped_procs_end_quietly_and_refuse_new_actors() {
     let mut mesh = mesh(2, 1).await;
-    let pid = mesh.procs[0].pid.unwrap() as i32;
+    let pid = mesh.procs[0].pid.unwrap();
     let first = mesh.target.procs[0].clone();
     mesh.client.stop_procs(std::slice::from_ref(&first));
     let deadline = Instant::now() + Duration::from_secs(5);

@@ -119,7 +119,7 @@ impl Caster {
     /// [`Caster::next`].
     pub fn cast(
         &mut self,
-        target: &CastTarget,
+        target: CastTarget,
         endpoint: &str,
         message: Vec<u8>,
         mode: CastMode,
@@ -131,11 +131,11 @@ impl Caster {
         let mut node = Node {
             origin: self.me.id().clone(),
             seq,
-            mesh: target.mesh.clone(),
+            mesh: target.mesh,
             tree: Subtree {
                 start: 0,
-                procs: target.procs.clone(),
-                ranks: target.ranks.clone(),
+                procs: target.procs,
+                ranks: target.ranks,
             },
             endpoint: endpoint.to_string(),
             message: Arc::new(message),
@@ -147,12 +147,12 @@ impl Caster {
             partial: Partial::new(mode.fold()),
             deadline: Instant::now() + timeout + ROOT_GRACE,
         };
-        let chunks = split(0, target.procs.len(), self.fanout as usize);
+        let chunks = split(0, node.tree.procs.len(), self.fanout as usize);
         let failed = node.forward(&self.mailbox, &self.me, chunks, &self.dead);
         if mode == CastMode::Broadcast {
             for (rank, reason) in failed {
                 let error = RankError::Failed(reason);
-                let mesh = target.mesh.clone();
+                let mesh = node.mesh.clone();
                 self.ready.push_back(Outcome::Failed {
                     seq,
                     mesh,

@@ -156,7 +156,7 @@ mod tests {
         let (client, target) = mesh(40, 3).await;
         let mut caster = Caster::new(client.mailbox(), 4);
         let seq = caster.cast(
-            &target,
+            target.clone(),
             "rank",
             vec![],
             CastMode::Reduce(Reducer::SumI64),
@@ -171,7 +171,7 @@ mod tests {
             })
         );
         let seq = caster.cast(
-            &target,
+            target.clone(),
             "rank",
             vec![],
             CastMode::Gather,
@@ -213,7 +213,7 @@ mod tests {
                 &only_last
             };
             caster.cast(
-                to,
+                to.clone(),
                 "seq",
                 sent.to_le_bytes().to_vec(),
                 CastMode::Broadcast,
@@ -222,7 +222,7 @@ mod tests {
             sent += 1;
         }
         let seq = caster.cast(
-            &only_last,
+            only_last.clone(),
             "seq",
             sent.to_le_bytes().to_vec(),
             CastMode::Reduce(Reducer::SumI64),
@@ -250,7 +250,7 @@ mod tests {
         let (client, target) = mesh(5, 2).await;
         let mut caster = Caster::new(client.mailbox(), 16);
         let seq = caster.cast(
-            &target,
+            target.clone(),
             "rank",
             vec![],
             CastMode::Stream,
@@ -279,7 +279,7 @@ mod tests {
         assert_eq!(seen, (0..10).collect::<Vec<_>>());
 
         let seq = caster.cast(
-            &target,
+            target.clone(),
             "fail",
             vec![],
             CastMode::Gather,
@@ -293,7 +293,7 @@ mod tests {
             })
         );
         let seq = caster.cast(
-            &target,
+            target.clone(),
             "sleep",
             2000u64.to_le_bytes().to_vec(),
             CastMode::Gather,

@@ -52,7 +52,6 @@ pub struct Cluster {
     pub(crate) deadline: Instant,
     pub(crate) program: ProgramBytes,
     client: std::sync::OnceLock<Arc<MeshClient>>,
-    meshes: std::sync::Mutex<Vec<Arc<MeshBase>>>,
 }
 
 impl Cluster {
@@ -73,7 +72,6 @@ impl Cluster {
             deadline,
             program,
             client: client.map(std::sync::OnceLock::from).unwrap_or_default(),
-            meshes: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -103,24 +101,17 @@ impl Cluster {
         }
     }
 
-    /// Stops every actor mesh the program spawned, then its procs.
-    pub(crate) async fn stop_all(&self) {
+    /// Stops `meshes` (what the controller spawned), then every proc.
+    pub(crate) async fn stop_all(&self, meshes: Vec<Arc<MeshBase>>) {
         let Some(client) = self.client.get() else {
             return;
         };
-        let meshes: Vec<Arc<MeshBase>> = std::mem::take(&mut *lock(&self.meshes));
         let stops = meshes
             .iter()
             .map(|m| client.stop_actors(&m.procs, &m.name, Duration::from_secs(2)));
         futures::future::join_all(stops).await;
         client.stop_all();
     }
-}
-
-fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// How a request treats replies.
@@ -237,6 +228,11 @@ impl HostState {
         }
     }
 
+    /// Takes the meshes this instance spawned (and has not stopped).
+    pub(crate) fn take_spawned(&mut self) -> Vec<Arc<MeshBase>> {
+        std::mem::take(&mut self.spawned)
+    }
+
     /// Hands this instance the failures of procs and actors.
     pub(crate) fn watch(&mut self, events: mpsc::UnboundedReceiver<MeshEvent>) {
         self.events = Some(events);
@@ -279,7 +275,7 @@ impl HostState {
         // guest next waits (or the links' tasks otherwise get to run).
         let (caster, timeout) = (&mut self.caster, self.call_timeout);
         let seq = hyperactor::channel::corked(|| {
-            caster.cast(&target, &endpoint, message, mode.cast_mode(), timeout)
+            caster.cast(target, &endpoint, message, mode.cast_mode(), timeout)
         });
         if !matches!(mode, Mode::Broadcast) {
             self.pending.insert(
@@ -298,40 +294,35 @@ impl HostState {
 
     /// Turns what came back for a cast into the guest's event.
     fn take_outcome(&mut self, outcome: Outcome) {
-        let seq = match &outcome {
-            Outcome::Done { seq, .. } | Outcome::Item { seq, .. } | Outcome::End { seq } => *seq,
+        let (id, kind) = match outcome {
+            // A broadcast's rank failed; broadcasts keep no request.
             Outcome::Failed {
                 mesh, rank, error, ..
-            } => {
-                // A broadcast's rank failed; broadcasts keep no request.
-                let kind = EventKind::Failure(failure(mesh, *rank, error.to_string()));
-                self.ready.push_back(Event { id: 0, kind });
-                return;
+            } => (
+                0,
+                EventKind::Failure(failure(&mesh, rank, error.to_string())),
+            ),
+            // An item leaves its request in flight.
+            Outcome::Item { seq, rank, result } => {
+                let Some(pending) = self.pending.get(&seq) else {
+                    return;
+                };
+                let result = result.map_err(|e| call_error(&pending.mesh, rank, e));
+                (pending.id, EventKind::Item((rank, result)))
             }
-        };
-        let finished = matches!(outcome, Outcome::Done { .. } | Outcome::End { .. });
-        let Some(pending) = (if finished {
-            self.pending.remove(&seq)
-        } else {
-            self.pending.get(&seq).map(|p| Pending {
-                id: p.id,
-                mode: p.mode,
-                mesh: p.mesh.clone(),
-                extent: Vec::new(),
-                chosen: None,
-            })
-        }) else {
-            return;
-        };
-        if let Some((counts, index)) = &pending.chosen {
-            counts[*index].fetch_sub(1, Ordering::Relaxed);
-        }
-        let mesh = pending.mesh.as_str();
-        let (id, kind) = match outcome {
-            Outcome::Done { result, .. } => (
-                pending.id,
-                EventKind::Done(match result {
-                    Err((rank, error)) => Err(call_error(mesh, rank, error)),
+            Outcome::End { seq } => match self.pending.remove(&seq) {
+                Some(pending) => (pending.id, EventKind::End),
+                None => return,
+            },
+            Outcome::Done { seq, result } => {
+                let Some(pending) = self.pending.remove(&seq) else {
+                    return;
+                };
+                if let Some((counts, index)) = &pending.chosen {
+                    counts[*index].fetch_sub(1, Ordering::Relaxed);
+                }
+                let result = match result {
+                    Err((rank, error)) => Err(call_error(&pending.mesh, rank, error)),
                     Ok(mut values) => Ok(match pending.mode {
                         Mode::Gather => Reply::Gathered(ValueMesh {
                             extent: pending.extent,
@@ -339,17 +330,9 @@ impl HostState {
                         }),
                         _ => Reply::Single(values.pop().unwrap_or_default()),
                     }),
-                }),
-            ),
-            Outcome::Item { rank, result, .. } => (
-                pending.id,
-                EventKind::Item((rank, result.map_err(|e| call_error(mesh, rank, e)))),
-            ),
-            Outcome::End { .. } => (pending.id, EventKind::End),
-            Outcome::Failed { rank, error, .. } => (
-                0,
-                EventKind::Failure(failure(mesh, rank, error.to_string())),
-            ),
+                };
+                (pending.id, EventKind::Done(result))
+            }
         };
         self.ready.push_back(Event { id, kind });
     }
@@ -585,7 +568,6 @@ impl mesh::HostProcMesh for HostState {
             .cloned()
             .collect();
         self.spawned.retain(|m| !on_them(m));
-        lock(&self.cluster.meshes).retain(|m| !on_them(m));
         if let Ok(client) = self.cluster.client() {
             let stops = meshes
                 .iter()
@@ -690,7 +672,6 @@ impl HostState {
             procs,
             per_proc: per,
         });
-        lock(&self.cluster.meshes).push(base.clone());
         self.spawned.push(base.clone());
         let ranks = (0..extent_size(&extent) as u32).collect();
         Ok(Ok(self.push(ActorMeshHandle::new(base, extent, ranks))?))

@@ -105,8 +105,9 @@ pub async fn run_program(
     })
     .await
     .unwrap_or(Err(RunError::Timeout(deadline)));
+    let spawned = store.data_mut().take_spawned();
     drop(store);
-    cluster.stop_all().await;
+    cluster.stop_all(spawned).await;
     outcome
 }
 

@@ -117,6 +117,7 @@ type Programs = Arc<Mutex<HashMap<String, Arc<OnceCell<Arc<Cluster>>>>>>;
 /// actors in this process share its compiled form.
 pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Registry {
     let programs: Programs = Arc::default();
+    let compiled_here = known.is_some();
     if let Some(cluster) = known {
         let cell = OnceCell::new_with(Some(cluster.clone()));
         programs
@@ -162,13 +163,16 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
             })
         }),
     );
-    // A host compiles a program when it arrives, once for all its procs.
-    registry.on_blob(Arc::new(|path| {
-        let engine = worker_engine(256 << 20)?;
-        engine::load(&engine, path)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    }));
+    // A host compiles a program when it arrives, once for all its procs;
+    // the process that runs the controller has compiled it already.
+    if !compiled_here {
+        registry.on_blob(Arc::new(|path| {
+            let engine = worker_engine(256 << 20)?;
+            engine::load(&engine, path)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }));
+    }
     registry
 }
 
