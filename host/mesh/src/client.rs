@@ -127,7 +127,9 @@ impl MeshClient {
     /// Events from now on: failed actors and ended procs.
     pub fn subscribe(&self) -> mpsc::UnboundedReceiver<MeshEvent> {
         let (tx, rx) = mpsc::unbounded_channel();
-        self.state.lock().subscribers.push(tx);
+        let mut state = self.state.lock();
+        state.subscribers.retain(|s| !s.is_closed());
+        state.subscribers.push(tx);
         rx
     }
 

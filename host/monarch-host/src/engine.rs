@@ -90,6 +90,15 @@ pub enum LoadError {
         path: PathBuf,
     },
     /// A core module, not a component.
+    /// The file is compiled machine code (from `wasmtime compile` or a
+    /// cache), which could do anything; only components are taken.
+    #[error(
+        "{path} is a precompiled artifact (native code, as `wasmtime compile` writes), not a component; give the .wasm component itself"
+    )]
+    Precompiled {
+        /// The file.
+        path: PathBuf,
+    },
     #[error(
         "{path} is a core WebAssembly module, not a component; build it for the wasm32-wasip2 target, which makes components"
     )]
@@ -223,6 +232,11 @@ pub fn load_bytes(engine: &Engine, path: &Path, bytes: &[u8]) -> Result<Loaded, 
 }
 
 fn check_header(path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
+    if bytes.starts_with(b"\x7fELF") {
+        return Err(LoadError::Precompiled {
+            path: path.to_path_buf(),
+        });
+    }
     if bytes.len() < 8 || &bytes[0..4] != b"\0asm" {
         return Err(LoadError::NotWasm {
             path: path.to_path_buf(),

@@ -36,6 +36,7 @@ use crate::mesh::{
 pub type LogSink = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// The program a cluster runs, as bytes for the hosts that do not have it.
+#[derive(Clone)]
 pub(crate) struct ProgramBytes {
     pub(crate) sha256: String,
     pub(crate) bytes: Arc<Vec<u8>>,
@@ -52,16 +53,62 @@ pub struct Cluster {
     pub(crate) deadline: Instant,
     pub(crate) program: ProgramBytes,
     client: std::sync::OnceLock<Arc<MeshClient>>,
+    pub(crate) job: JobHooks,
+}
+
+/// Hears what a job's controller spawns and stops, for the server's view
+/// of its meshes.
+pub trait MeshObserver: Send + Sync {
+    /// The controller got `procs` (started, or lent by a persistent mesh).
+    fn procs_spawned(&self, procs: &[ProcId]);
+    /// An actor mesh `name` of `class` runs `per_proc` actors on each of `procs`.
+    fn actors_spawned(&self, name: &str, class: &str, procs: &[ProcId], per_proc: u32);
+    /// The actor mesh `name` was stopped.
+    fn actors_stopped(&self, name: &str);
+    /// A proc or actor of the run's mesh client failed or stopped.
+    fn mesh_event(&self, event: &MeshEvent);
+}
+
+/// Procs a job borrows from a persistent mesh: `spawn-procs` hands out
+/// these (they are never stopped by the job), and the job's actor meshes
+/// are named `<scope><name>` on them, so jobs sharing procs never collide.
+#[derive(Clone)]
+pub struct AttachedProcs {
+    /// The persistent mesh's name, for errors.
+    pub mesh: String,
+    /// Its procs, in rank order.
+    pub procs: Vec<ProcId>,
+    /// The prefix of the job's actor mesh names, e.g. `j7.`.
+    pub scope: String,
+}
+
+/// What a job run by the server adds to a plain run.
+#[derive(Clone, Default)]
+pub(crate) struct JobHooks {
+    pub(crate) attached: Option<AttachedProcs>,
+    pub(crate) observer: Option<Arc<dyn MeshObserver>>,
 }
 
 impl Cluster {
+    /// A cluster of a plain run (or of actors on a proc).
     pub(crate) fn new(
         engine: Engine,
         pre: ProgramPre<HostState>,
         sandbox: Sandbox,
         log: LogSink,
         program: ProgramBytes,
-        client: Option<Arc<MeshClient>>,
+    ) -> Arc<Self> {
+        Self::for_job(engine, pre, sandbox, log, program, JobHooks::default())
+    }
+
+    /// A cluster for a job of the server.
+    pub(crate) fn for_job(
+        engine: Engine,
+        pre: ProgramPre<HostState>,
+        sandbox: Sandbox,
+        log: LogSink,
+        program: ProgramBytes,
+        job: JobHooks,
     ) -> Arc<Self> {
         let deadline = Instant::now() + sandbox.deadline;
         Arc::new(Cluster {
@@ -71,7 +118,8 @@ impl Cluster {
             log,
             deadline,
             program,
-            client: client.map(std::sync::OnceLock::from).unwrap_or_default(),
+            client: std::sync::OnceLock::new(),
+            job,
         })
     }
 
@@ -88,6 +136,29 @@ impl Cluster {
 
     async fn spawn_procs(&self, count: usize) -> Result<Vec<ProcId>, String> {
         let client = self.client()?;
+        if let Some(attached) = &self.job.attached {
+            if count > attached.procs.len() {
+                return Err(format!(
+                    "the mesh `{}` has {} procs; {count} asked for",
+                    attached.mesh,
+                    attached.procs.len()
+                ));
+            }
+            let procs = attached.procs[..count].to_vec();
+            if let Some((proc, reason)) = procs
+                .iter()
+                .find_map(|p| client.dead(p).map(|reason| (p, reason)))
+            {
+                return Err(format!(
+                    "proc {proc} of the mesh `{}` {reason}",
+                    attached.mesh
+                ));
+            }
+            if let Some(observer) = &self.job.observer {
+                observer.procs_spawned(&procs);
+            }
+            return Ok(procs);
+        }
         let running = client.live_procs();
         if running + count > self.sandbox.max_procs {
             return Err(format!(
@@ -96,8 +167,22 @@ impl Cluster {
             ));
         }
         match client.spawn_procs(count).await {
-            Ok(allocated) => Ok(allocated.into_iter().map(|a| a.proc).collect()),
+            Ok(allocated) => {
+                let procs: Vec<ProcId> = allocated.into_iter().map(|a| a.proc).collect();
+                if let Some(observer) = &self.job.observer {
+                    observer.procs_spawned(&procs);
+                }
+                Ok(procs)
+            }
             Err(e) => Err(format!("cannot start procs: {e}")),
+        }
+    }
+
+    /// Stops the actor mesh `mesh`, and tells the observer.
+    async fn stop_actors(&self, client: &MeshClient, mesh: &MeshBase, timeout: Duration) {
+        client.stop_actors(&mesh.procs, &mesh.name, timeout).await;
+        if let Some(observer) = &self.job.observer {
+            observer.actors_stopped(&mesh.name);
         }
     }
 
@@ -108,9 +193,12 @@ impl Cluster {
         };
         let stops = meshes
             .iter()
-            .map(|m| client.stop_actors(&m.procs, &m.name, Duration::from_secs(2)));
+            .map(|m| self.stop_actors(client, m, Duration::from_secs(2)));
         futures::future::join_all(stops).await;
-        client.stop_all();
+        // Procs lent by a persistent mesh stay up for the next job.
+        if self.job.attached.is_none() {
+            client.stop_all();
+        }
     }
 }
 
@@ -569,11 +657,14 @@ impl mesh::HostProcMesh for HostState {
             .collect();
         self.spawned.retain(|m| !on_them(m));
         if let Ok(client) = self.cluster.client() {
-            let stops = meshes
-                .iter()
-                .map(|mesh| client.stop_actors(&mesh.procs, &mesh.name, Duration::from_secs(5)));
+            let stops = meshes.iter().map(|mesh| {
+                self.cluster
+                    .stop_actors(client, mesh, Duration::from_secs(5))
+            });
             futures::future::join_all(stops).await;
-            client.stop_procs(&procs);
+            if self.cluster.job.attached.is_none() {
+                client.stop_procs(&procs);
+            }
         }
         Ok(())
     }
@@ -596,6 +687,10 @@ impl HostState {
         if let Err(e) = hyperactor::id::validate_name(&name) {
             return Ok(Err(e.to_string()));
         }
+        let name = match &self.cluster.job.attached {
+            Some(attached) => format!("{}{name}", attached.scope),
+            None => name,
+        };
         let (mut extent, procs) = {
             let mesh = self.table.get(&this)?;
             (mesh.extent.clone(), mesh.procs.clone())
@@ -666,6 +761,9 @@ impl HostState {
                 "did not start",
                 &format!("of class `{class}` did not start"),
             )));
+        }
+        if let Some(observer) = &self.cluster.job.observer {
+            observer.actors_spawned(&name, &class, &procs, per);
         }
         let base = Arc::new(MeshBase {
             name,
@@ -780,8 +878,8 @@ impl mesh::HostActorMesh for HostState {
     async fn stop(&mut self, this: Resource<ActorMeshHandle>) -> wasmtime::Result<()> {
         let base = self.table.get(&this)?.base.clone();
         if let Ok(client) = self.cluster.client() {
-            client
-                .stop_actors(&base.procs, &base.name, Duration::from_secs(5))
+            self.cluster
+                .stop_actors(client, &base, Duration::from_secs(5))
                 .await;
         }
         Ok(())

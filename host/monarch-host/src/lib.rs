@@ -29,5 +29,8 @@ pub mod wasm_actor;
 
 mod run;
 
+pub mod serve;
+
 pub use engine::{LoadError, Loaded, Placement, Sandbox};
-pub use run::{RunError, blob_dir, run_program};
+pub use host::{AttachedProcs, MeshObserver};
+pub use run::{Mesh, Prepared, RunError, blob_dir, run_program};

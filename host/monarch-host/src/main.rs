@@ -8,6 +8,8 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use monarch_host::{Placement, Sandbox, run_program};
 
+mod serve_cli;
+
 /// Runs single-controller distributed programs: a sandboxed WebAssembly
 /// controller that spawns meshes of procs and actors, calls them, and
 /// handles their failures as values.
@@ -32,6 +34,24 @@ enum Command {
     ///
     /// Example: monarch-host agent --listen 10.0.0.2:7070 --token-file /etc/monarch/token
     Agent(AgentArgs),
+    /// Serves programs over HTTP: uploads, jobs that run them (on fresh
+    /// meshes or on persistent meshes that outlive jobs), their logs, and a
+    /// dashboard at /.
+    ///
+    /// Example: monarch-host serve --data /var/lib/monarch --mesh workers=4
+    Serve(serve_cli::ServeArgs),
+    /// Uploads a program to a server and runs it as a job; prints the
+    /// job's id, or with --follow its log.
+    ///
+    /// Example: monarch-host submit hello.wasm --mesh workers --follow -- 2
+    Submit(serve_cli::SubmitArgs),
+    /// Lists a server's newest jobs.
+    Jobs(serve_cli::JobsArgs),
+    /// Prints a job's log, following it until the job ends; exits 0 only
+    /// if the job succeeded.
+    Logs(serve_cli::JobArgs),
+    /// Cancels a job.
+    Cancel(serve_cli::JobArgs),
     /// Serves one proc of a mesh; monarch-host starts it, not users.
     #[command(hide = true)]
     Bootstrap,
@@ -120,6 +140,14 @@ fn main() -> ExitCode {
     } = match cli.command {
         Command::Bootstrap => return bootstrap(),
         Command::Agent(args) => return agent(args),
+        Command::Serve(args) => {
+            init_tracing();
+            return serve_cli::serve(args);
+        }
+        Command::Submit(args) => return serve_cli::submit(args),
+        Command::Jobs(args) => return serve_cli::jobs(args),
+        Command::Logs(args) => return serve_cli::logs(args),
+        Command::Cancel(args) => return serve_cli::cancel(args),
         Command::Run(run) => run,
     };
     init_tracing();

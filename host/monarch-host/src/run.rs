@@ -11,9 +11,14 @@ use hyperactor_mesh::alloc::{Allocator, BootstrapCommand, InProcessAllocator, Lo
 use hyperactor_mesh::client::MeshClient;
 use hyperactor_mesh::remote::{RemoteAllocator, local_ip_towards};
 
+use wasmtime::Engine;
+
 use crate::bindings::{Program, ProgramPre};
 use crate::engine::{self, LoadError, Placement, Sandbox};
-use crate::host::{Cluster, HostState, LogSink, ProgramBytes, linker, new_store};
+use crate::host::{
+    AttachedProcs, Cluster, HostState, JobHooks, LogSink, MeshObserver, ProgramBytes, linker,
+    new_store,
+};
 
 /// Why a run failed.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +48,9 @@ pub enum RunError {
     /// The host failed.
     #[error("host error: {0}")]
     Host(String),
+    /// The run was cancelled.
+    #[error("cancelled: {0}")]
+    Cancelled(String),
 }
 
 /// Loads the program at `path` and runs its controller with `args`; guest
@@ -57,58 +65,153 @@ pub async fn run_program(
         engine::new_engine(sandbox.memory_bytes).map_err(|e| RunError::Host(format!("{e:#}")))?;
     engine::start_epoch_ticker(&engine);
     let started = Instant::now();
-    let loaded = engine::load(&engine, path)?;
+    let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let prepared = Prepared::new(&engine, path, bytes)?;
     tracing::info!(
-        sha256 = %loaded.sha256,
-        cached = loaded.cached,
+        sha256 = %prepared.sha256(),
+        cached = prepared.cached,
         elapsed_ms = started.elapsed().as_millis() as u64,
         "program loaded"
     );
-    let linker = linker(&engine).map_err(|e| RunError::Host(format!("{e:#}")))?;
-    let wrong_world = |e: wasmtime::Error| RunError::WrongWorld {
-        path: path.display().to_string(),
-        reason: format!("{e:#}"),
-    };
-    let pre = linker
-        .instantiate_pre(&loaded.component)
-        .map_err(wrong_world)?;
-    let pre = ProgramPre::new(pre).map_err(wrong_world)?;
-    let deadline = sandbox.deadline;
-    let program = ProgramBytes {
-        sha256: loaded.sha256.clone(),
-        bytes: Arc::new(std::fs::read(path).map_err(|source| LoadError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?),
-    };
-    let placement = sandbox.placement.clone();
-    let cluster = Cluster::new(engine, pre, sandbox, log.clone(), program, None);
-    let client = start_client(&cluster, &placement, log)
+    prepared
+        .run(
+            args,
+            sandbox,
+            log,
+            Mesh::Fresh,
+            None,
+            std::future::pending(),
+        )
         .await
-        .map_err(RunError::Host)?;
-    cluster.set_client(client.clone());
-    let mailbox = client.mailbox().clone();
-    let mut state = HostState::new(cluster.clone(), &mailbox, "controller".into());
-    state.watch(client.subscribe());
-    let mut store = new_store(&cluster, state);
-    let outcome = tokio::time::timeout(deadline, async {
-        let program: Program = cluster
-            .pre
-            .instantiate_async(&mut store)
-            .await
-            .map_err(|e| RunError::Trap(format!("{e:?}")))?;
-        program
-            .call_run(&mut store, args)
-            .await
-            .map_err(|trap| RunError::Trap(format!("{trap:?}")))?
-            .map_err(RunError::Failed)
-    })
-    .await
-    .unwrap_or(Err(RunError::Timeout(deadline)));
-    let spawned = store.data_mut().take_spawned();
-    drop(store);
-    cluster.stop_all(spawned).await;
-    outcome
+}
+
+/// A program compiled and checked against the `program` world, ready to
+/// run any number of times.
+pub struct Prepared {
+    engine: Engine,
+    pre: ProgramPre<HostState>,
+    program: ProgramBytes,
+    /// Whether the compiled form came from the cache.
+    pub cached: bool,
+}
+
+/// Where a run's procs come from.
+pub enum Mesh {
+    /// Procs started for this run as its sandbox's placement says,
+    /// stopped when it ends.
+    Fresh,
+    /// Procs of a persistent mesh, which outlive the run.
+    Attached {
+        /// The persistent mesh's client.
+        client: Arc<MeshClient>,
+        /// What the run may use of it.
+        procs: AttachedProcs,
+    },
+}
+
+impl Prepared {
+    /// Compiles `bytes` (read from `path`, which names them in errors) in
+    /// `engine`, through the compile cache, and checks its world.
+    pub fn new(engine: &Engine, path: &Path, bytes: Vec<u8>) -> Result<Prepared, RunError> {
+        let loaded = engine::load_bytes(engine, path, &bytes)?;
+        let linker = linker(engine).map_err(|e| RunError::Host(format!("{e:#}")))?;
+        let wrong_world = |e: wasmtime::Error| RunError::WrongWorld {
+            path: path.display().to_string(),
+            reason: format!("{e:#}"),
+        };
+        let pre = linker
+            .instantiate_pre(&loaded.component)
+            .map_err(wrong_world)?;
+        let pre = ProgramPre::new(pre).map_err(wrong_world)?;
+        Ok(Prepared {
+            engine: engine.clone(),
+            pre,
+            program: ProgramBytes {
+                sha256: loaded.sha256,
+                bytes: Arc::new(bytes),
+            },
+            cached: loaded.cached,
+        })
+    }
+
+    /// The sha256 of the component's bytes.
+    pub fn sha256(&self) -> &str {
+        &self.program.sha256
+    }
+
+    /// Runs the controller with `args` on `mesh`, until `run` returns, the
+    /// deadline passes or `cancel` completes (at the controller's next host
+    /// call or epoch tick). What it spawned is stopped before this returns.
+    pub async fn run(
+        &self,
+        args: &[String],
+        sandbox: Sandbox,
+        log: LogSink,
+        mesh: Mesh,
+        observer: Option<Arc<dyn MeshObserver>>,
+        cancel: impl std::future::Future<Output = String>,
+    ) -> Result<(), RunError> {
+        let deadline = sandbox.deadline;
+        let (attached, client) = match mesh {
+            Mesh::Fresh => (None, None),
+            Mesh::Attached { client, procs } => (Some(procs), Some(client)),
+        };
+        let placement = sandbox.placement.clone();
+        let cluster = Cluster::for_job(
+            self.engine.clone(),
+            self.pre.clone(),
+            sandbox,
+            log.clone(),
+            self.program.clone(),
+            JobHooks { attached, observer },
+        );
+        let client = match client {
+            Some(client) => client,
+            None => start_client(&cluster, &placement, log)
+                .await
+                .map_err(RunError::Host)?,
+        };
+        cluster.set_client(client.clone());
+        // The observer hears what happens to the procs and actors.
+        let watcher = cluster.job.observer.clone().map(|observer| {
+            let mut events = client.subscribe();
+            tokio::spawn(async move {
+                while let Some(event) = events.recv().await {
+                    observer.mesh_event(&event);
+                }
+            })
+        });
+        let mailbox = client.mailbox().clone();
+        let mut state = HostState::new(cluster.clone(), &mailbox, "controller".into());
+        state.watch(client.subscribe());
+        let mut store = new_store(&cluster, state);
+        let run = tokio::time::timeout(deadline, async {
+            let program: Program = cluster
+                .pre
+                .instantiate_async(&mut store)
+                .await
+                .map_err(|e| RunError::Trap(format!("{e:?}")))?;
+            program
+                .call_run(&mut store, args)
+                .await
+                .map_err(|trap| RunError::Trap(format!("{trap:?}")))?
+                .map_err(RunError::Failed)
+        });
+        let outcome = tokio::select! {
+            outcome = run => outcome.unwrap_or(Err(RunError::Timeout(deadline))),
+            reason = cancel => Err(RunError::Cancelled(reason)),
+        };
+        let spawned = store.data_mut().take_spawned();
+        drop(store);
+        cluster.stop_all(spawned).await;
+        if let Some(watcher) = watcher {
+            watcher.abort();
+        }
+        outcome
+    }
 }
 
 /// The mesh client of a run: its allocator, and the controller's proc at

@@ -109,8 +109,21 @@ pub(crate) fn trap_reason(error: &wasmtime::Error) -> String {
     }
 }
 
-/// The programs this process has compiled, by sha256.
-type Programs = Arc<Mutex<HashMap<String, Arc<OnceCell<Arc<Cluster>>>>>>;
+/// A program compiled in this process: what every actor of it shares,
+/// whichever run spawned it.
+struct Compiled {
+    engine: wasmtime::Engine,
+    pre: ProgramPre<HostState>,
+    program: ProgramBytes,
+}
+
+/// The programs this process has compiled, by sha256. A proc of a
+/// persistent mesh runs many jobs: each spawn gets a cluster of its own
+/// (its deadline, memory cap, call timeout) around the shared compiled form.
+type Programs = Arc<Mutex<HashMap<String, Arc<OnceCell<Arc<Compiled>>>>>>;
+
+/// Log sinks by the events port they send to: one mailbox per controller.
+type LogSinks = Arc<Mutex<HashMap<String, LogSink>>>;
 
 /// A registry with the `wasm` kind, keeping blobs in `blob_dir`. `known`
 /// is a program this process already runs (the controller's), so that
@@ -118,8 +131,19 @@ type Programs = Arc<Mutex<HashMap<String, Arc<OnceCell<Arc<Cluster>>>>>>;
 pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Registry {
     let programs: Programs = Arc::default();
     let compiled_here = known.is_some();
+    let sinks: LogSinks = Arc::default();
+    // In-process actors of the controller's program log as the controller
+    // does.
+    let known_log = known
+        .as_ref()
+        .map(|c| (c.program.sha256.clone(), c.log.clone()));
     if let Some(cluster) = known {
-        let cell = OnceCell::new_with(Some(cluster.clone()));
+        let compiled = Compiled {
+            engine: cluster.engine.clone(),
+            pre: cluster.pre.clone(),
+            program: cluster.program.clone(),
+        };
+        let cell = OnceCell::new_with(Some(Arc::new(compiled)));
         programs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -130,6 +154,8 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
         WASM_KIND,
         Arc::new(move |args: SpawnArgs| {
             let programs = programs.clone();
+            let sinks = sinks.clone();
+            let known_log = known_log.clone();
             Box::pin(async move {
                 let params: WasmSpawnParams = serde_json::from_slice(&args.params)
                     .map_err(|e| format!("bad wasm spawn parameters: {e}"))?;
@@ -139,10 +165,29 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
                     .entry(params.sha256.clone())
                     .or_default()
                     .clone();
-                let cluster = cell
+                let compiled = cell
                     .get_or_try_init(|| load_program(&args, &params))
                     .await?
                     .clone();
+                let log = match known_log {
+                    Some((sha, log)) if sha == params.sha256 => log,
+                    _ => log_to(&sinks, &args.proc, &args.events)?,
+                };
+                let sandbox = Sandbox {
+                    memory_bytes: params.memory_bytes,
+                    deadline: Duration::from_millis(params.deadline_ms),
+                    call_timeout: Duration::from_millis(params.call_timeout_ms),
+                    max_procs: 0,
+                    fanout: params.fanout,
+                    ..Sandbox::default()
+                };
+                let cluster = Cluster::new(
+                    compiled.engine.clone(),
+                    compiled.pre.clone(),
+                    sandbox,
+                    log,
+                    compiled.program.clone(),
+                );
                 let actor = WasmActor {
                     cluster,
                     mesh: args.name.clone(),
@@ -189,7 +234,7 @@ fn worker_engine(memory_bytes: usize) -> Result<wasmtime::Engine, String> {
 }
 
 /// Loads a program from the host's blob store, through the compile cache.
-async fn load_program(args: &SpawnArgs, params: &WasmSpawnParams) -> Result<Arc<Cluster>, String> {
+async fn load_program(args: &SpawnArgs, params: &WasmSpawnParams) -> Result<Arc<Compiled>, String> {
     let path = blob_path(&args.blob_dir, &params.sha256)?;
     let engine = worker_engine(params.memory_bytes)?;
     let loaded = {
@@ -205,38 +250,40 @@ async fn load_program(args: &SpawnArgs, params: &WasmSpawnParams) -> Result<Arc<
         .instantiate_pre(&loaded.component)
         .and_then(ProgramPre::new)
         .map_err(|e| format!("the program does not fit this host: {e:#}"))?;
-    let sandbox = Sandbox {
-        memory_bytes: params.memory_bytes,
-        deadline: Duration::from_millis(params.deadline_ms),
-        call_timeout: Duration::from_millis(params.call_timeout_ms),
-        max_procs: 0,
-        fanout: params.fanout,
-        ..Sandbox::default()
-    };
-    Ok(Cluster::new(
+    Ok(Arc::new(Compiled {
         engine,
         pre,
-        sandbox,
-        log_to(&args.proc, args.events.clone())?,
-        ProgramBytes {
+        program: ProgramBytes {
             sha256: params.sha256.clone(),
             bytes: Arc::new(bytes),
         },
-        None,
-    ))
+    }))
 }
 
-/// A log sink that sends each line to the controller.
-fn log_to(proc: &hyperactor::Proc, events: PortRef<MeshEvent>) -> Result<LogSink, String> {
+/// A log sink that sends each line to the controller whose events port is
+/// `events`; one per port, made once.
+fn log_to(
+    sinks: &LogSinks,
+    proc: &hyperactor::Proc,
+    events: &PortRef<MeshEvent>,
+) -> Result<LogSink, String> {
+    let key = events.id().to_string();
+    let mut sinks = sinks.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(sink) = sinks.get(&key) {
+        return Ok(sink.clone());
+    }
     let (mailbox, _undeliverable) = proc
-        .attach("log")
+        .attach(&format!("log{}", sinks.len()))
         .map_err(|e| format!("cannot attach the log mailbox: {e}"))?;
-    Ok(Arc::new(move |line: &str| {
+    let events = events.clone();
+    let sink: LogSink = Arc::new(move |line: &str| {
         events.send(
             &mailbox,
             MeshEvent::Log {
                 line: line.to_string(),
             },
         )
-    }))
+    });
+    sinks.insert(key, sink.clone());
+    Ok(sink)
 }

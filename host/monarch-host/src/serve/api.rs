@@ -1,0 +1,287 @@
+//! The HTTP API's types, shared by the server, its OpenAPI document and
+//! the CLI client.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// An error: what went wrong, in a sentence.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ApiError {
+    /// What went wrong.
+    pub error: String,
+}
+
+/// An uploaded component.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ComponentInfo {
+    /// The sha256 of its bytes, in hex: the same bytes get the same id.
+    pub id: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// The WIT world it was checked against.
+    pub world: String,
+    /// When it was first uploaded.
+    pub uploaded_at_ms: i64,
+}
+
+/// The answer to an upload.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct UploadReply {
+    /// The component's id (its sha256).
+    pub id: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// The WIT world it was checked against.
+    pub world: String,
+    /// How long compiling took (0 when it was uploaded before).
+    pub compile_ms: u64,
+    /// Whether the same bytes had been uploaded before.
+    pub existing: bool,
+}
+
+/// Uploaded components.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ComponentList {
+    /// Newest first.
+    pub components: Vec<ComponentInfo>,
+}
+
+/// Limits of one job; each is capped by the server's configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Linear memory per instance, in MiB.
+    pub memory_mib: u32,
+    /// Wall-clock limit of the whole job, in seconds.
+    pub timeout_s: u64,
+    /// The default timeout of each call, in seconds.
+    pub call_timeout_s: u64,
+    /// The most procs a job on a fresh mesh may start.
+    pub procs: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_mib: 256,
+            timeout_s: 300,
+            call_timeout_s: 60,
+            procs: 64,
+        }
+    }
+}
+
+/// Where a job runs: a persistent mesh by name, or a fresh mesh.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum MeshChoice {
+    /// A persistent mesh (see `POST /v1/meshes`).
+    Name(String),
+    /// A fresh mesh of child procs, started as the job asks for them and
+    /// stopped when it ends.
+    Spec(MeshSpec),
+}
+
+/// A fresh mesh for one job.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MeshSpec {
+    /// The most procs the job may start.
+    pub procs: u32,
+}
+
+/// A job to run.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JobRequest {
+    /// The component's id, from `POST /v1/components`.
+    pub component: String,
+    /// The arguments of the controller's `run`.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Limits; the server's defaults where left out.
+    #[serde(default)]
+    pub limits: Option<PartialLimits>,
+    /// Where the job runs; a fresh mesh when left out.
+    #[serde(default)]
+    pub mesh: Option<MeshChoice>,
+}
+
+/// Limits a job asks for; what it leaves out is the server's default.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PartialLimits {
+    /// Linear memory per instance, in MiB.
+    pub memory_mib: Option<u32>,
+    /// Wall-clock limit of the whole job, in seconds.
+    pub timeout_s: Option<u64>,
+    /// The default timeout of each call, in seconds.
+    pub call_timeout_s: Option<u64>,
+    /// The most procs a job on a fresh mesh may start.
+    pub procs: Option<u32>,
+}
+
+/// The answer to a submission.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Created {
+    /// The new job's id.
+    pub id: u64,
+}
+
+/// Where a job stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum JobStatus {
+    /// Waiting for a slot.
+    Queued,
+    /// Its controller runs.
+    Running,
+    /// `run` returned Ok.
+    Succeeded,
+    /// `run` returned an error, trapped, timed out, or the server failed.
+    Failed,
+    /// Cancelled by a user.
+    Cancelled,
+}
+
+impl JobStatus {
+    /// The status as the API spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Queued => "queued",
+            JobStatus::Running => "running",
+            JobStatus::Succeeded => "succeeded",
+            JobStatus::Failed => "failed",
+            JobStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// Reads a status as the API spells it.
+    pub fn parse(text: &str) -> Option<JobStatus> {
+        Some(match text {
+            "queued" => JobStatus::Queued,
+            "running" => JobStatus::Running,
+            "succeeded" => JobStatus::Succeeded,
+            "failed" => JobStatus::Failed,
+            "cancelled" => JobStatus::Cancelled,
+            _ => return None,
+        })
+    }
+
+    /// Whether the job has ended.
+    pub fn is_final(self) -> bool {
+        !matches!(self, JobStatus::Queued | JobStatus::Running)
+    }
+}
+
+/// A job.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct JobInfo {
+    /// Its id.
+    pub id: u64,
+    /// The component it runs.
+    pub component: String,
+    /// The arguments of `run`.
+    pub args: Vec<String>,
+    /// The persistent mesh it runs on; null for a fresh mesh.
+    pub mesh: Option<String>,
+    /// Where it stands.
+    pub status: JobStatus,
+    /// Why it failed or was cancelled.
+    pub error: Option<String>,
+    /// Its limits.
+    pub limits: Limits,
+    /// When it was submitted.
+    pub created_at_ms: i64,
+    /// When its controller started.
+    pub started_at_ms: Option<i64>,
+    /// When it ended.
+    pub finished_at_ms: Option<i64>,
+}
+
+/// Jobs.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct JobList {
+    /// Newest first.
+    pub jobs: Vec<JobInfo>,
+}
+
+/// How a log stream ended.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LogEnd {
+    /// The job's final status.
+    pub status: JobStatus,
+    /// Why it failed or was cancelled.
+    pub error: Option<String>,
+}
+
+/// A persistent mesh to create.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MeshRequest {
+    /// Its name: letters, digits, `-` and `_`, at most 64.
+    pub name: String,
+    /// How many procs it has.
+    pub procs: u32,
+}
+
+/// A proc of a mesh.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ProcInfo {
+    /// Its rank in the mesh.
+    pub rank: u32,
+    /// Its address.
+    pub id: String,
+    /// `running` or `stopped`.
+    pub state: String,
+    /// Why it stopped.
+    pub reason: Option<String>,
+}
+
+/// One rank of an actor mesh.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RankInfo {
+    /// The actor's rank.
+    pub rank: u32,
+    /// The rank of its proc in the mesh.
+    pub proc: u32,
+    /// `running`, `failed` or `stopped`.
+    pub state: String,
+    /// Why it failed or stopped.
+    pub reason: Option<String>,
+}
+
+/// An actor mesh on a mesh's procs.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ActorsInfo {
+    /// Its name (`j<job>.<name>` on a persistent mesh).
+    pub name: String,
+    /// The job that spawned it.
+    pub job: u64,
+    /// Its actor class.
+    pub class: String,
+    /// Its ranks.
+    pub ranks: Vec<RankInfo>,
+}
+
+/// A mesh: persistent, or a running job's fresh one.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MeshInfo {
+    /// Its name (`job-<id>` for a job's fresh mesh).
+    pub name: String,
+    /// Whether it outlives jobs.
+    pub persistent: bool,
+    /// The job that owns a fresh mesh.
+    pub job: Option<u64>,
+    /// Its procs.
+    pub procs: Vec<ProcInfo>,
+    /// The actor meshes on it.
+    pub actors: Vec<ActorsInfo>,
+}
+
+/// Meshes.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct MeshList {
+    /// Persistent meshes first, by name, then fresh ones.
+    pub meshes: Vec<MeshInfo>,
+}

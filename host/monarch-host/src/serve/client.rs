@@ -1,0 +1,249 @@
+//! A client of the server's HTTP API, for the CLI (`submit`, `jobs`,
+//! `logs`, `cancel`), the tests and the benchmarks.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+
+use super::api::*;
+
+/// Talks to one server.
+#[derive(Clone)]
+pub struct ApiClient {
+    base: String,
+    token: Option<String>,
+    http: reqwest::Client,
+    /// For log streams, which last as long as their job: no read timeout.
+    streams: reqwest::Client,
+}
+
+impl ApiClient {
+    /// A client of the server at `base` (`http://HOST:PORT`), presenting
+    /// `token`; each request but a log stream must finish within `timeout`.
+    pub fn new(base: &str, token: Option<String>, timeout: Duration) -> Result<ApiClient, String> {
+        let base = base.trim_end_matches('/').to_string();
+        if !base.starts_with("http://") {
+            return Err(format!(
+                "the server address `{base}` must start with http:// (for example http://127.0.0.1:7171)"
+            ));
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(timeout.min(Duration::from_secs(10)))
+            .read_timeout(timeout)
+            .build()
+            .map_err(|e| format!("cannot make an HTTP client: {e}"))?;
+        let streams = reqwest::Client::builder()
+            .connect_timeout(timeout.min(Duration::from_secs(10)))
+            .build()
+            .map_err(|e| format!("cannot make an HTTP client: {e}"))?;
+        Ok(ApiClient {
+            base,
+            token,
+            http,
+            streams,
+        })
+    }
+
+    fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        let request = self.http.request(method, format!("{}{path}", self.base));
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
+    async fn send<T: DeserializeOwned>(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<T, String> {
+        let response = request.send().await.map_err(|e| self.unreachable(e))?;
+        let status = response.status();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| format!("the server's answer was cut off: {e}"))?;
+        if !status.is_success() {
+            return Err(error_text(status, &body));
+        }
+        serde_json::from_slice(&body)
+            .map_err(|e| format!("the server's answer is not what this client expects: {e}"))
+    }
+
+    fn unreachable(&self, e: reqwest::Error) -> String {
+        if e.is_timeout() {
+            format!("the server at {} did not answer in time", self.base)
+        } else {
+            format!("cannot reach the server at {}: {e}", self.base)
+        }
+    }
+
+    /// Uploads a component.
+    pub async fn upload(&self, bytes: Vec<u8>) -> Result<UploadReply, String> {
+        self.send(
+            self.request(Method::POST, "/v1/components")
+                .header(reqwest::header::CONTENT_TYPE, "application/wasm")
+                .body(bytes),
+        )
+        .await
+    }
+
+    /// Submits a job; returns its id.
+    pub async fn submit(&self, job: &JobRequest) -> Result<u64, String> {
+        let created: Created = self
+            .send(self.request(Method::POST, "/v1/jobs").json(job))
+            .await?;
+        Ok(created.id)
+    }
+
+    /// One job.
+    pub async fn job(&self, id: u64) -> Result<JobInfo, String> {
+        self.send(self.request(Method::GET, &format!("/v1/jobs/{id}")))
+            .await
+    }
+
+    /// The newest `limit` jobs.
+    pub async fn jobs(&self, limit: usize) -> Result<Vec<JobInfo>, String> {
+        let list: JobList = self
+            .send(self.request(Method::GET, &format!("/v1/jobs?limit={limit}")))
+            .await?;
+        Ok(list.jobs)
+    }
+
+    /// Cancels a job.
+    pub async fn cancel(&self, id: u64) -> Result<JobInfo, String> {
+        self.send(self.request(Method::DELETE, &format!("/v1/jobs/{id}")))
+            .await
+    }
+
+    /// Creates a persistent mesh.
+    pub async fn create_mesh(&self, name: &str, procs: u32) -> Result<MeshInfo, String> {
+        let request = MeshRequest {
+            name: name.to_string(),
+            procs,
+        };
+        self.send(self.request(Method::POST, "/v1/meshes").json(&request))
+            .await
+    }
+
+    /// Meshes.
+    pub async fn meshes(&self) -> Result<Vec<MeshInfo>, String> {
+        let list: MeshList = self.send(self.request(Method::GET, "/v1/meshes")).await?;
+        Ok(list.meshes)
+    }
+
+    /// Follows job `id`'s log from its first line, handing each line to
+    /// `line`, until the job ends; returns how it ended.
+    pub async fn follow_logs(&self, id: u64, mut line: impl FnMut(&str)) -> Result<LogEnd, String> {
+        let request = self.streams.get(format!("{}/v1/jobs/{id}/logs", self.base));
+        let request = match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        };
+        let mut response = request.send().await.map_err(|e| self.unreachable(e))?;
+        if !response.status().is_success() {
+            let status = response.status();
+            let body = response.bytes().await.unwrap_or_default();
+            return Err(error_text(status, &body));
+        }
+        let mut parser = SseParser::default();
+        loop {
+            let chunk = response
+                .chunk()
+                .await
+                .map_err(|e| format!("the log stream was cut off: {e}"))?;
+            let Some(chunk) = chunk else {
+                return Err("the log stream ended before the job did".into());
+            };
+            for (event, data) in parser.feed(&chunk) {
+                match event.as_str() {
+                    "log" => line(&data),
+                    "end" => {
+                        return serde_json::from_str(&data)
+                            .map_err(|e| format!("a bad end of the log stream: {e}"));
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+fn error_text(status: StatusCode, body: &[u8]) -> String {
+    match serde_json::from_slice::<ApiError>(body) {
+        Ok(error) => format!("{} ({status})", error.error),
+        Err(_) => format!(
+            "the server answered {status}: {}",
+            String::from_utf8_lossy(body).trim()
+        ),
+    }
+}
+
+/// Splits a Server-Sent Events stream into (event, data) pairs.
+#[derive(Default)]
+pub struct SseParser {
+    buffer: Vec<u8>,
+    event: String,
+    data: Vec<String>,
+}
+
+impl SseParser {
+    /// Takes the next bytes of the stream; returns the events they complete.
+    pub fn feed(&mut self, bytes: &[u8]) -> Vec<(String, String)> {
+        self.buffer.extend_from_slice(bytes);
+        let mut events = Vec::new();
+        while let Some(at) = self.buffer.iter().position(|&b| b == b'\n') {
+            let raw: Vec<u8> = self.buffer.drain(..=at).collect();
+            let text = String::from_utf8_lossy(&raw[..raw.len() - 1]);
+            let text = text.strip_suffix('\r').unwrap_or(&text);
+            if text.is_empty() {
+                if !self.data.is_empty() {
+                    let event = std::mem::take(&mut self.event);
+                    let event = if event.is_empty() {
+                        "message".into()
+                    } else {
+                        event
+                    };
+                    events.push((event, self.data.join("\n")));
+                    self.data.clear();
+                }
+                self.event.clear();
+                continue;
+            }
+            if text.starts_with(':') {
+                continue;
+            }
+            let (field, value) = text.split_once(':').unwrap_or((text, ""));
+            let value = value.strip_prefix(' ').unwrap_or(value);
+            match field {
+                "event" => self.event = value.to_string(),
+                "data" => self.data.push(value.to_string()),
+                _ => {}
+            }
+        }
+        events
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SseParser;
+
+    #[test]
+    fn sse_events_split_across_chunks_come_out_whole() {
+        let mut parser = SseParser::default();
+        let stream = b"event: log\ndata: [controller] hi\n\n: keep-alive\n\nevent: log\ndata: a\ndata: b\n\nevent: end\ndata: {\"status\":\"succeeded\"}\n\n";
+        let mut events = Vec::new();
+        for chunk in stream.chunks(7) {
+            events.extend(parser.feed(chunk));
+        }
+        assert_eq!(
+            events,
+            vec![
+                ("log".to_string(), "[controller] hi".to_string()),
+                ("log".to_string(), "a\nb".to_string()),
+                ("end".to_string(), "{\"status\":\"succeeded\"}".to_string()),
+            ]
+        );
+    }
+}

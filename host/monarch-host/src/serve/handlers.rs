@@ -1,0 +1,836 @@
+//! The routes: authentication, uploads, jobs, log streams, meshes,
+//! metrics, the OpenAPI document and the dashboard.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, Path, Query, RawQuery, Request, State as With};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use futures::StreamExt;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+use utoipa::OpenApi;
+
+use super::api::*;
+use super::jobs::{self, Target};
+use super::meshes::validate_mesh_name;
+use super::{State, db};
+use crate::engine::LoadError;
+use crate::run::{Prepared, RunError};
+
+/// The largest JSON body a route takes.
+const JSON_LIMIT: usize = 64 << 10;
+
+/// The most arguments a job may have.
+const MAX_ARGS: usize = 1024;
+
+/// An error answer: a status and a sentence, as JSON.
+pub(crate) struct Fail(StatusCode, String);
+
+impl IntoResponse for Fail {
+    fn into_response(self) -> Response {
+        let mut response = (self.0, axum::Json(ApiError { error: self.1 })).into_response();
+        if self.0 == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                "Bearer".parse().expect("a header"),
+            );
+        }
+        response
+    }
+}
+
+fn fail(status: StatusCode, message: impl Into<String>) -> Fail {
+    Fail(status, message.into())
+}
+
+fn internal(message: String) -> Fail {
+    tracing::error!(error = %message, "request failed");
+    Fail(StatusCode::INTERNAL_SERVER_ERROR, message)
+}
+
+type Answer<T> = Result<(StatusCode, axum::Json<T>), Fail>;
+
+fn ok<T>(status: StatusCode, value: T) -> Answer<T> {
+    Ok((status, axum::Json(value)))
+}
+
+/// The routes, behind authentication.
+pub(crate) fn router(state: Arc<State>) -> Router {
+    Router::new()
+        .route("/", get(dashboard))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/v1/openapi.json", get(openapi))
+        .route("/v1/components", post(upload).get(list_components))
+        .route("/v1/jobs", post(submit).get(list_jobs))
+        .route("/v1/jobs/{id}", get(get_job).delete(cancel_job))
+        .route("/v1/jobs/{id}/logs", get(job_logs))
+        .route("/v1/meshes", post(create_mesh).get(list_meshes))
+        .route("/v1/meshes/{name}", delete(delete_mesh))
+        .fallback(|| async { fail(StatusCode::NOT_FOUND, "no such route; see /v1/openapi.json") })
+        .layer(DefaultBodyLimit::max(JSON_LIMIT))
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        .with_state(state)
+}
+
+/// The OpenAPI document of the routes.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "monarch-host serve",
+        description = "Upload controller components, run them as jobs, follow their logs, keep meshes between jobs."
+    ),
+    paths(
+        upload,
+        list_components,
+        submit,
+        list_jobs,
+        get_job,
+        cancel_job,
+        job_logs,
+        create_mesh,
+        list_meshes,
+        delete_mesh,
+        metrics,
+        healthz
+    ),
+    modifiers(&BearerAuth),
+    security(("bearer" = []))
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+#[derive(Deserialize)]
+struct TokenQuery {
+    token: Option<String>,
+}
+
+/// Every route but `/healthz` needs the token: in the Authorization
+/// header, or (for the dashboard page only) as `?token=`.
+async fn authenticate(With(state): With<Arc<State>>, request: Request, next: Next) -> Response {
+    let Some(token) = &state.token else {
+        return next.run(request).await;
+    };
+    let path = request.uri().path();
+    if path == "/healthz" {
+        return next.run(request).await;
+    }
+    let from_header = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|v| v.trim().to_string());
+    let from_query = (path == "/")
+        .then(|| {
+            Query::<TokenQuery>::try_from_uri(request.uri())
+                .ok()
+                .and_then(|q| q.0.token)
+        })
+        .flatten();
+    match from_header.or(from_query) {
+        Some(presented) if token.matches(presented.as_bytes()) => next.run(request).await,
+        // The dashboard page holds no data: without the token it is
+        // answered 401 with the page, which asks for the token.
+        _ if path == "/" => {
+            state.unauthorized.fetch_add(1, Ordering::Relaxed);
+            (StatusCode::UNAUTHORIZED, dashboard().await).into_response()
+        }
+        presented => {
+            state.unauthorized.fetch_add(1, Ordering::Relaxed);
+            let why = if presented.is_some() {
+                "wrong token"
+            } else {
+                "this server needs a token: send `Authorization: Bearer TOKEN`"
+            };
+            fail(StatusCode::UNAUTHORIZED, why).into_response()
+        }
+    }
+}
+
+async fn dashboard() -> Html<&'static str> {
+    Html(include_str!("dashboard.html"))
+}
+
+/// Health check, without authentication.
+#[utoipa::path(get, path = "/healthz", security(()), responses((status = 200, description = "The server runs", body = String)))]
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn openapi() -> Response {
+    match ApiDoc::openapi().to_pretty_json() {
+        Ok(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
+        Err(e) => internal(format!("cannot write the OpenAPI document: {e}")).into_response(),
+    }
+}
+
+/// Removes a partial upload unless it was kept.
+struct PartFile(Option<std::path::PathBuf>);
+
+impl Drop for PartFile {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+fn is_component_id(id: &str) -> bool {
+    id.len() == 64 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// Uploads a component: streamed to disk and hashed, compiled, checked
+/// against the `program` world, stored by its sha256.
+#[utoipa::path(
+    post,
+    path = "/v1/components",
+    request_body(content = Vec<u8>, content_type = "application/wasm", description = "The component's bytes"),
+    responses(
+        (status = 201, description = "Stored and compiled", body = UploadReply),
+        (status = 200, description = "The same bytes were uploaded before", body = UploadReply),
+        (status = 400, description = "Empty, not WebAssembly, a core module, a precompiled artifact, or does not compile", body = ApiError),
+        (status = 413, description = "Over the size limit", body = ApiError),
+        (status = 422, description = "Not of the `program` world", body = ApiError)
+    )
+)]
+async fn upload(
+    With(state): With<Arc<State>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer<UploadReply> {
+    let answer = receive(&state, &headers, body).await;
+    let counter = match &answer {
+        Ok((StatusCode::CREATED, _)) => &state.uploads.new,
+        Ok(_) => &state.uploads.existing,
+        Err(_) => &state.uploads.rejected,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    answer
+}
+
+async fn receive(state: &Arc<State>, headers: &HeaderMap, body: Body) -> Answer<UploadReply> {
+    let limit = state.config.max_upload_bytes;
+    let too_big = || {
+        fail(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the component is larger than this server's limit of {limit} bytes (--max-upload-mib)"
+            ),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_big());
+    }
+    static UPLOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nth = UPLOADS.fetch_add(1, Ordering::Relaxed);
+    let part_path = state
+        .config
+        .data
+        .join("uploads")
+        .join(format!("{nth}.part"));
+    let mut part = PartFile(Some(part_path.clone()));
+    let mut file = tokio::fs::File::create(&part_path)
+        .await
+        .map_err(|e| internal(format!("cannot store the upload: {e}")))?;
+    let mut hasher = Sha256::new();
+    let mut size: u64 = 0;
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            fail(
+                StatusCode::BAD_REQUEST,
+                format!("the upload was cut off: {e}"),
+            )
+        })?;
+        size += chunk.len() as u64;
+        if size > limit {
+            return Err(too_big());
+        }
+        hasher.update(&chunk);
+        file.write_all(&chunk)
+            .await
+            .map_err(|e| internal(format!("cannot store the upload: {e}")))?;
+    }
+    file.flush()
+        .await
+        .map_err(|e| internal(format!("cannot store the upload: {e}")))?;
+    drop(file);
+    state.uploads.bytes.fetch_add(size, Ordering::Relaxed);
+    if size == 0 {
+        return Err(fail(
+            StatusCode::BAD_REQUEST,
+            "the upload is empty: send the component's bytes as the request body",
+        ));
+    }
+    let id: String = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let stored = state.component_path(&id);
+    if let Some(info) = state.db.component(&id).map_err(internal)?
+        && stored.exists()
+    {
+        return ok(
+            StatusCode::OK,
+            UploadReply {
+                id,
+                size: info.size,
+                world: info.world,
+                compile_ms: 0,
+                existing: true,
+            },
+        );
+    }
+    let bytes = tokio::fs::read(&part_path)
+        .await
+        .map_err(|e| internal(format!("cannot read the upload back: {e}")))?;
+    let started = Instant::now();
+    let prepared = {
+        let _permit = state
+            .compile_gate
+            .acquire()
+            .await
+            .map_err(|e| internal(e.to_string()))?;
+        let engine = state.engine.clone();
+        tokio::task::spawn_blocking(move || {
+            Prepared::new(&engine, std::path::Path::new("the upload"), bytes)
+        })
+        .await
+        .map_err(|e| internal(format!("compiling panicked: {e}")))?
+    };
+    let compile_ms = started.elapsed().as_millis() as u64;
+    let prepared = prepared.map_err(|e| match e {
+        RunError::WrongWorld { .. } => fail(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()),
+        RunError::Load(LoadError::Read { .. }) | RunError::Host(_) => internal(e.to_string()),
+        e => fail(StatusCode::BAD_REQUEST, e.to_string()),
+    })?;
+    tokio::fs::rename(&part_path, &stored)
+        .await
+        .map_err(|e| internal(format!("cannot store the component: {e}")))?;
+    part.0 = None;
+    let info = ComponentInfo {
+        id: id.clone(),
+        size,
+        world: "program".into(),
+        uploaded_at_ms: db::now_ms(),
+    };
+    state.db.insert_component(&info).map_err(internal)?;
+    state
+        .prepared
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(
+            id.clone(),
+            Arc::new(tokio::sync::OnceCell::new_with(Some(Arc::new(prepared)))),
+        );
+    tracing::info!(component = %id, size, compile_ms, "component uploaded");
+    ok(
+        StatusCode::CREATED,
+        UploadReply {
+            id,
+            size,
+            world: info.world,
+            compile_ms,
+            existing: false,
+        },
+    )
+}
+
+/// Lists uploaded components.
+#[utoipa::path(get, path = "/v1/components", responses((status = 200, body = ComponentList)))]
+async fn list_components(With(state): With<Arc<State>>) -> Answer<ComponentList> {
+    let components = state.db.components().map_err(internal)?;
+    ok(StatusCode::OK, ComponentList { components })
+}
+
+/// Reads a JSON body, answering 400 with what is wrong.
+fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes, what: &str) -> Result<T, Fail> {
+    serde_json::from_slice(body)
+        .map_err(|e| fail(StatusCode::BAD_REQUEST, format!("bad {what}: {e}")))
+}
+
+/// A job's limits: what it asks for, else the defaults; each at most the
+/// server's cap.
+fn limits(state: &State, asked: Option<PartialLimits>, procs: Option<u32>) -> Result<Limits, Fail> {
+    let asked = asked.unwrap_or_default();
+    let (default, max) = (state.config.default_limits, state.config.max_limits);
+    let check = |name: &str, flag: &str, value: u64, cap: u64| {
+        if value == 0 {
+            Err(fail(
+                StatusCode::BAD_REQUEST,
+                format!("limits.{name} must be at least 1"),
+            ))
+        } else if value > cap {
+            Err(fail(
+                StatusCode::BAD_REQUEST,
+                format!("limits.{name} is {value}, over this server's cap of {cap} ({flag})"),
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    let limits = Limits {
+        memory_mib: asked.memory_mib.unwrap_or(default.memory_mib),
+        timeout_s: asked.timeout_s.unwrap_or(default.timeout_s),
+        call_timeout_s: asked.call_timeout_s.unwrap_or(default.call_timeout_s),
+        procs: procs.or(asked.procs).unwrap_or(default.procs),
+    };
+    check(
+        "memory_mib",
+        "--max-memory-mib",
+        limits.memory_mib.into(),
+        max.memory_mib.into(),
+    )?;
+    check(
+        "timeout_s",
+        "--max-timeout",
+        limits.timeout_s,
+        max.timeout_s,
+    )?;
+    check(
+        "call_timeout_s",
+        "--max-timeout",
+        limits.call_timeout_s,
+        max.call_timeout_s,
+    )?;
+    check(
+        "procs",
+        "--max-procs",
+        limits.procs.into(),
+        max.procs.into(),
+    )?;
+    Ok(limits)
+}
+
+/// Submits a job.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs",
+    request_body = JobRequest,
+    responses(
+        (status = 201, description = "Queued", body = Created),
+        (status = 400, description = "A bad request or limits over the server's caps", body = ApiError),
+        (status = 404, description = "No such component or mesh", body = ApiError)
+    )
+)]
+async fn submit(With(state): With<Arc<State>>, body: Bytes) -> Answer<Created> {
+    let request: JobRequest = parse_json(&body, "job request")?;
+    if !is_component_id(&request.component) {
+        return Err(fail(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "`{}` is not a component id (64 hex digits, from POST /v1/components)",
+                request.component.escape_debug()
+            ),
+        ));
+    }
+    if state
+        .db
+        .component(&request.component)
+        .map_err(internal)?
+        .is_none()
+    {
+        return Err(fail(
+            StatusCode::NOT_FOUND,
+            format!(
+                "no component {} on this server; upload it first",
+                request.component
+            ),
+        ));
+    }
+    if request.args.len() > MAX_ARGS {
+        return Err(fail(
+            StatusCode::BAD_REQUEST,
+            format!("at most {MAX_ARGS} arguments"),
+        ));
+    }
+    let (target, procs) = match &request.mesh {
+        None => (Target::Fresh, None),
+        Some(MeshChoice::Spec(spec)) => (Target::Fresh, Some(spec.procs)),
+        Some(MeshChoice::Name(name)) => {
+            validate_mesh_name(name).map_err(|e| fail(StatusCode::BAD_REQUEST, e))?;
+            if state.persistent(name).is_none() {
+                return Err(fail(
+                    StatusCode::NOT_FOUND,
+                    format!("no persistent mesh named `{name}`; create it with POST /v1/meshes"),
+                ));
+            }
+            (Target::Persistent(name.clone()), None)
+        }
+    };
+    let limits = limits(&state, request.limits, procs)?;
+    let mesh = match &target {
+        Target::Persistent(name) => Some(name.as_str()),
+        Target::Fresh => None,
+    };
+    let id = state
+        .db
+        .insert_job(&request.component, &request.args, mesh, &limits)
+        .map_err(internal)?;
+    if let Err(e) = jobs::start(&state, id, request.component, request.args, limits, target) {
+        let _ = state.db.finish_job(id, JobStatus::Failed, Some(&e));
+        return Err(internal(e));
+    }
+    ok(StatusCode::CREATED, Created { id })
+}
+
+/// Lists jobs, newest first.
+#[utoipa::path(get, path = "/v1/jobs", params(("limit" = Option<usize>, Query, description = "At most this many (100)")), responses((status = 200, body = JobList)))]
+async fn list_jobs(With(state): With<Arc<State>>, RawQuery(query): RawQuery) -> Answer<JobList> {
+    let mut limit = 100;
+    for pair in query
+        .as_deref()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        if let Some(("limit", n)) = pair.split_once('=') {
+            limit = n.parse::<usize>().map_err(|_| {
+                fail(
+                    StatusCode::BAD_REQUEST,
+                    format!("limit `{}` is not a number", n.escape_debug()),
+                )
+            })?;
+        }
+    }
+    let limit = limit.clamp(1, 10_000);
+    let jobs = state.db.jobs(limit).map_err(internal)?;
+    ok(StatusCode::OK, JobList { jobs })
+}
+
+fn job_id(text: &str) -> Result<u64, Fail> {
+    text.parse().map_err(|_| {
+        fail(
+            StatusCode::BAD_REQUEST,
+            format!("`{}` is not a job id", text.escape_debug()),
+        )
+    })
+}
+
+fn find_job(state: &State, id: u64) -> Result<JobInfo, Fail> {
+    state
+        .db
+        .job(id)
+        .map_err(internal)?
+        .ok_or_else(|| fail(StatusCode::NOT_FOUND, format!("no job {id}")))
+}
+
+/// One job.
+#[utoipa::path(get, path = "/v1/jobs/{id}", params(("id" = u64, Path)), responses((status = 200, body = JobInfo), (status = 404, body = ApiError)))]
+async fn get_job(With(state): With<Arc<State>>, Path(id): Path<String>) -> Answer<JobInfo> {
+    let id = job_id(&id)?;
+    ok(StatusCode::OK, find_job(&state, id)?)
+}
+
+/// Cancels a job: a queued one never starts; a running controller stops
+/// at its next host call or deadline tick, and its fresh mesh stops.
+#[utoipa::path(delete, path = "/v1/jobs/{id}", params(("id" = u64, Path)), responses((status = 202, body = JobInfo), (status = 404, body = ApiError), (status = 409, description = "The job has finished", body = ApiError)))]
+async fn cancel_job(With(state): With<Arc<State>>, Path(id): Path<String>) -> Answer<JobInfo> {
+    let id = job_id(&id)?;
+    let job = find_job(&state, id)?;
+    let live = state.live().get(&id).cloned();
+    match live {
+        Some(live) if !job.status.is_final() => {
+            live.cancel("cancelled by a user".into());
+            ok(StatusCode::ACCEPTED, job)
+        }
+        _ => Err(fail(
+            StatusCode::CONFLICT,
+            format!("job {id} has already finished: {}", job.status.as_str()),
+        )),
+    }
+}
+
+/// Streams a job's log as Server-Sent Events.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}/logs",
+    params(("id" = u64, Path)),
+    responses(
+        (status = 200, description = "`event: log` per line, then `event: end` with the final status (LogEnd)", content_type = "text/event-stream", body = String),
+        (status = 404, body = ApiError)
+    )
+)]
+async fn job_logs(With(state): With<Arc<State>>, Path(id): Path<String>) -> Result<Response, Fail> {
+    let id = job_id(&id)?;
+    find_job(&state, id)?;
+    let live = state.live().get(&id).cloned();
+    let (tx, mut rx) = mpsc::channel::<Event>(256);
+    tokio::spawn(follow(state.clone(), id, live, tx));
+    let stream =
+        futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|e| e.map(Ok::<_, Infallible>)));
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(std::time::Duration::from_secs(5)))
+        .into_response())
+}
+
+/// Sends the lines of job `id`'s log from the first, following it while
+/// the job runs, then its end.
+async fn follow(
+    state: Arc<State>,
+    id: u64,
+    live: Option<Arc<jobs::LiveJob>>,
+    tx: mpsc::Sender<Event>,
+) {
+    let mut written = live.as_ref().map(|l| l.log.subscribe());
+    let mut file = tokio::fs::File::open(state.log_path(id)).await.ok();
+    let mut offset: u64 = 0;
+    let mut partial: Vec<u8> = Vec::new();
+    loop {
+        let done = live.as_ref().is_none_or(|l| l.log.is_done());
+        if let Some(file) = file.as_mut() {
+            let mut buffer = Vec::new();
+            if file.seek(std::io::SeekFrom::Start(offset)).await.is_ok()
+                && let Ok(n) = file.read_to_end(&mut buffer).await
+            {
+                offset += n as u64;
+                partial.extend_from_slice(&buffer);
+                while let Some(at) = partial.iter().position(|&b| b == b'\n') {
+                    let line: Vec<u8> = partial.drain(..=at).collect();
+                    let text = String::from_utf8_lossy(&line[..line.len() - 1]).replace('\r', "");
+                    if tx
+                        .send(Event::default().event("log").data(text))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+        }
+        if done {
+            let job = state.db.job(id).ok().flatten();
+            let end = LogEnd {
+                status: job.as_ref().map_or(JobStatus::Failed, |j| j.status),
+                error: job.and_then(|j| j.error),
+            };
+            let data = serde_json::to_string(&end).unwrap_or_default();
+            let _ = tx.send(Event::default().event("end").data(data)).await;
+            return;
+        }
+        let Some(written) = written.as_mut() else {
+            return;
+        };
+        tokio::select! {
+            changed = written.changed() => {
+                if changed.is_err() {
+                    // The log is gone: read what is left, then end.
+                    continue;
+                }
+            }
+            _ = tx.closed() => return,
+        }
+    }
+}
+
+/// Creates a persistent mesh.
+#[utoipa::path(
+    post,
+    path = "/v1/meshes",
+    request_body = MeshRequest,
+    responses(
+        (status = 201, description = "Its procs run", body = MeshInfo),
+        (status = 400, body = ApiError),
+        (status = 409, description = "The name is taken", body = ApiError)
+    )
+)]
+async fn create_mesh(With(state): With<Arc<State>>, body: Bytes) -> Answer<MeshInfo> {
+    let request: MeshRequest = parse_json(&body, "mesh request")?;
+    validate_mesh_name(&request.name).map_err(|e| fail(StatusCode::BAD_REQUEST, e))?;
+    let cap = state.config.max_limits.procs;
+    if request.procs == 0 || request.procs > cap {
+        return Err(fail(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "procs is {}; a mesh has 1 to {cap} procs (--max-procs)",
+                request.procs
+            ),
+        ));
+    }
+    {
+        let mut creating = state.creating.lock().unwrap_or_else(|p| p.into_inner());
+        if state.persistent(&request.name).is_some() || !creating.insert(request.name.clone()) {
+            return Err(fail(
+                StatusCode::CONFLICT,
+                format!("a mesh named `{}` exists", request.name),
+            ));
+        }
+    }
+    let made = state.create_mesh(&request.name, request.procs).await;
+    state
+        .creating
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&request.name);
+    match made {
+        Ok(info) => ok(StatusCode::CREATED, info),
+        Err(e) => Err(internal(e)),
+    }
+}
+
+/// Lists meshes: persistent ones, and running jobs' fresh ones.
+#[utoipa::path(get, path = "/v1/meshes", responses((status = 200, body = MeshList)))]
+async fn list_meshes(With(state): With<Arc<State>>) -> Answer<MeshList> {
+    ok(
+        StatusCode::OK,
+        MeshList {
+            meshes: state.meshes(),
+        },
+    )
+}
+
+/// Stops a persistent mesh; jobs running on it fail.
+#[utoipa::path(delete, path = "/v1/meshes/{name}", params(("name" = String, Path)), responses((status = 200, body = MeshInfo), (status = 404, body = ApiError)))]
+async fn delete_mesh(With(state): With<Arc<State>>, Path(name): Path<String>) -> Answer<MeshInfo> {
+    validate_mesh_name(&name).map_err(|e| fail(StatusCode::BAD_REQUEST, e))?;
+    match state.stop_mesh(&name) {
+        Some(info) => ok(StatusCode::OK, info),
+        None => Err(fail(
+            StatusCode::NOT_FOUND,
+            format!("no persistent mesh named `{name}`"),
+        )),
+    }
+}
+
+/// Prometheus metrics.
+#[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
+async fn metrics(With(state): With<Arc<State>>) -> Response {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, values: &[(&str, u64)]| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, value) in values {
+            let _ = writeln!(out, "{name}{labels} {value}");
+        }
+    };
+    let c = &state.counters;
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let running = get(&c.running);
+    let live = state.live().len() as u64;
+    metric(
+        "monarch_jobs_submitted_total",
+        "counter",
+        "Jobs submitted since the server started.",
+        &[("", get(&c.submitted))],
+    );
+    metric(
+        "monarch_jobs_finished_total",
+        "counter",
+        "Jobs finished since the server started, by status.",
+        &[
+            ("{status=\"succeeded\"}", get(&c.succeeded)),
+            ("{status=\"failed\"}", get(&c.failed)),
+            ("{status=\"cancelled\"}", get(&c.cancelled)),
+        ],
+    );
+    metric(
+        "monarch_jobs_running",
+        "gauge",
+        "Jobs whose controller runs.",
+        &[("", running)],
+    );
+    metric(
+        "monarch_jobs_queued",
+        "gauge",
+        "Jobs waiting for a slot.",
+        &[("", live.saturating_sub(running))],
+    );
+    metric(
+        "monarch_job_run_seconds_total",
+        "counter",
+        "Seconds jobs' controllers ran, in all.",
+        &[("", get(&c.run_us) / 1_000_000)],
+    );
+    metric(
+        "monarch_uploads_total",
+        "counter",
+        "Component uploads, by result.",
+        &[
+            ("{result=\"new\"}", get(&state.uploads.new)),
+            ("{result=\"existing\"}", get(&state.uploads.existing)),
+            ("{result=\"rejected\"}", get(&state.uploads.rejected)),
+        ],
+    );
+    metric(
+        "monarch_upload_bytes_total",
+        "counter",
+        "Bytes uploaded.",
+        &[("", get(&state.uploads.bytes))],
+    );
+    metric(
+        "monarch_unauthorized_requests_total",
+        "counter",
+        "Requests refused for a missing or wrong token.",
+        &[("", get(&state.unauthorized))],
+    );
+    let meshes = state.meshes();
+    let persistent = meshes.iter().filter(|m| m.persistent).count() as u64;
+    let procs = |s: &str| {
+        meshes
+            .iter()
+            .flat_map(|m| &m.procs)
+            .filter(|p| p.state == s)
+            .count() as u64
+    };
+    metric(
+        "monarch_meshes",
+        "gauge",
+        "Meshes, persistent or a running job's.",
+        &[
+            ("{kind=\"persistent\"}", persistent),
+            ("{kind=\"fresh\"}", meshes.len() as u64 - persistent),
+        ],
+    );
+    metric(
+        "monarch_mesh_procs",
+        "gauge",
+        "Procs of the meshes, by state.",
+        &[
+            ("{state=\"running\"}", procs("running")),
+            ("{state=\"stopped\"}", procs("stopped")),
+        ],
+    );
+    if let Ok(counts) = state.db.status_counts() {
+        let values: Vec<(String, u64)> = counts
+            .into_iter()
+            .map(|(status, n)| (format!("{{status=\"{status}\"}}"), n))
+            .collect();
+        let values: Vec<(&str, u64)> = values.iter().map(|(l, n)| (l.as_str(), *n)).collect();
+        metric(
+            "monarch_jobs_recorded",
+            "gauge",
+            "Jobs in the server's history, by status.",
+            &values,
+        );
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}

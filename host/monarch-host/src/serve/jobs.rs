@@ -1,0 +1,307 @@
+//! Running jobs: a queue behind the server's limit of running jobs, one
+//! task per job that runs its controller, and each job's log file, which
+//! log streams follow as it grows.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::State;
+use super::api::{JobStatus, Limits};
+use super::meshes::MeshView;
+use crate::engine::{Placement, Sandbox};
+use crate::host::{AttachedProcs, LogSink};
+use crate::run::{Mesh, RunError};
+
+/// A job's log: a file of lines, and a counter of the bytes written that
+/// wakes the streams following it.
+pub(crate) struct JobLog {
+    file: Mutex<Option<std::fs::File>>,
+    written: watch::Sender<u64>,
+    limit: u64,
+    /// Set once the job has its final status and nothing more is written.
+    done: AtomicBool,
+}
+
+impl JobLog {
+    pub(crate) fn create(path: PathBuf, limit: u64) -> Result<Arc<JobLog>, String> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| format!("cannot create the job's log: {e}"))?;
+        Ok(Arc::new(JobLog {
+            file: Mutex::new(Some(file)),
+            written: watch::Sender::new(0),
+            limit,
+            done: AtomicBool::new(false),
+        }))
+    }
+
+    /// Appends `line`, unless the log is at its size limit (then one line
+    /// says so and the rest is dropped).
+    pub(crate) fn write(&self, line: &str) {
+        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(f) = file.as_mut() else { return };
+        let at = *self.written.borrow();
+        let over = at + line.len() as u64 + 1 > self.limit;
+        let text = if over {
+            format!(
+                "[server] the log reached its limit of {} bytes (--max-log-mib); later lines are dropped\n",
+                self.limit
+            )
+        } else {
+            format!("{line}\n")
+        };
+        if f.write_all(text.as_bytes()).is_ok() {
+            self.written.send_modify(|n| *n += text.len() as u64);
+        }
+        if over {
+            *file = None;
+        }
+    }
+
+    /// Marks the log complete and wakes its followers.
+    pub(crate) fn finish(&self) {
+        self.done.store(true, Ordering::SeqCst);
+        self.written.send_modify(|_| {});
+    }
+
+    pub(crate) fn is_done(&self) -> bool {
+        self.done.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.written.subscribe()
+    }
+
+    /// A sink for the job's controller and actors.
+    pub(crate) fn sink(self: &Arc<Self>) -> LogSink {
+        let log = self.clone();
+        Arc::new(move |line: &str| log.write(line))
+    }
+}
+
+/// A job that has not finished.
+pub(crate) struct LiveJob {
+    pub(crate) log: Arc<JobLog>,
+    cancel: watch::Sender<Option<String>>,
+}
+
+impl LiveJob {
+    pub(crate) fn cancel(&self, reason: String) {
+        self.cancel.send_if_modified(|current| {
+            if current.is_none() {
+                *current = Some(reason);
+                true
+            } else {
+                false
+            }
+        });
+    }
+}
+
+/// Unfinished jobs, by id.
+pub(crate) type LiveJobs = Mutex<HashMap<u64, Arc<LiveJob>>>;
+
+/// Counters of the jobs this server ran, for `/metrics`.
+#[derive(Default)]
+pub(crate) struct JobCounters {
+    pub(crate) submitted: AtomicU64,
+    pub(crate) succeeded: AtomicU64,
+    pub(crate) failed: AtomicU64,
+    pub(crate) cancelled: AtomicU64,
+    pub(crate) running: AtomicU64,
+    /// Microseconds jobs ran, in all.
+    pub(crate) run_us: AtomicU64,
+}
+
+/// Where a job runs, decided at submission.
+pub(crate) enum Target {
+    Fresh,
+    Persistent(String),
+}
+
+/// Queues job `id` and starts its task.
+pub(crate) fn start(
+    state: &Arc<State>,
+    id: u64,
+    component: String,
+    args: Vec<String>,
+    limits: Limits,
+    target: Target,
+) -> Result<(), String> {
+    let log = JobLog::create(state.log_path(id), state.config.max_log_bytes)?;
+    let (cancel, mut cancelled) = watch::channel(None::<String>);
+    let live = Arc::new(LiveJob {
+        log: log.clone(),
+        cancel,
+    });
+    state.live().insert(id, live);
+    state.counters.submitted.fetch_add(1, Ordering::Relaxed);
+    let state = state.clone();
+    tokio::spawn(async move {
+        let ran = {
+            let state = state.clone();
+            let log = log.clone();
+            tokio::spawn(async move {
+                run(
+                    &state,
+                    id,
+                    &component,
+                    &args,
+                    limits,
+                    target,
+                    &log,
+                    &mut cancelled,
+                )
+                .await
+            })
+            .await
+        };
+        let (status, error) = match ran {
+            Ok(outcome) => outcome,
+            Err(e) => (
+                JobStatus::Failed,
+                Some(format!("the job's task failed: {e}")),
+            ),
+        };
+        finish(&state, id, &log, status, error);
+    });
+    Ok(())
+}
+
+/// Gives job `id` its final status, then ends its log.
+fn finish(state: &State, id: u64, log: &JobLog, status: JobStatus, error: Option<String>) {
+    if let Some(error) = &error {
+        log.write(&format!("[server] job {id} {}: {error}", status.as_str()));
+    }
+    match state.db.finish_job(id, status, error.as_deref()) {
+        Ok(true) => {
+            let counter = match status {
+                JobStatus::Succeeded => &state.counters.succeeded,
+                JobStatus::Cancelled => &state.counters.cancelled,
+                _ => &state.counters.failed,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(false) => {}
+        Err(e) => tracing::error!(job = id, error = %e, "cannot record the job's end"),
+    }
+    state.live().remove(&id);
+    log.finish();
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run(
+    state: &Arc<State>,
+    id: u64,
+    component: &str,
+    args: &[String],
+    limits: Limits,
+    target: Target,
+    log: &Arc<JobLog>,
+    cancelled: &mut watch::Receiver<Option<String>>,
+) -> (JobStatus, Option<String>) {
+    let cancel_reason = |cancelled: &watch::Receiver<Option<String>>| {
+        cancelled
+            .borrow()
+            .clone()
+            .unwrap_or_else(|| "cancelled".into())
+    };
+    // Wait for a slot, unless cancelled first.
+    let permit = tokio::select! {
+        permit = state.run_gate.clone().acquire_owned() => Some(permit),
+        _ = cancelled.wait_for(Option::is_some) => None,
+    };
+    let permit = match permit {
+        Some(Ok(permit)) => permit,
+        Some(Err(_)) => return (JobStatus::Failed, Some("the server is stopping".into())),
+        None => return (JobStatus::Cancelled, Some(cancel_reason(cancelled))),
+    };
+    match state.db.start_job(id) {
+        Ok(true) => {}
+        Ok(false) => return (JobStatus::Cancelled, Some(cancel_reason(cancelled))),
+        Err(e) => return (JobStatus::Failed, Some(e)),
+    }
+    let prepared = match state.prepared(component).await {
+        Ok(prepared) => prepared,
+        Err(e) => return (JobStatus::Failed, Some(e)),
+    };
+    let sandbox = Sandbox {
+        memory_bytes: limits.memory_mib as usize * (1 << 20),
+        deadline: Duration::from_secs(limits.timeout_s),
+        call_timeout: Duration::from_secs(limits.call_timeout_s),
+        max_procs: limits.procs as usize,
+        placement: Placement::Local {
+            program: state.config.bootstrap.clone(),
+        },
+        fanout: state.config.fanout,
+    };
+    let (mesh, view, fresh) = match &target {
+        Target::Persistent(name) => {
+            let Some(persistent) = state.persistent(name) else {
+                return (
+                    JobStatus::Failed,
+                    Some(format!(
+                        "the mesh `{name}` was stopped before the job started"
+                    )),
+                );
+            };
+            let procs = AttachedProcs {
+                mesh: name.clone(),
+                procs: persistent.view.procs(),
+                scope: format!("j{id}."),
+            };
+            let mesh = Mesh::Attached {
+                client: persistent.client.clone(),
+                procs,
+            };
+            (mesh, persistent.view.clone(), false)
+        }
+        Target::Fresh => {
+            let view = MeshView::new(format!("job-{id}"), Some(id), Vec::new());
+            state.add_fresh_view(id, view.clone());
+            (Mesh::Fresh, view, true)
+        }
+    };
+    state.counters.running.fetch_add(1, Ordering::Relaxed);
+    let started = std::time::Instant::now();
+    let cancel = {
+        let mut cancelled = cancelled.clone();
+        async move {
+            let _ = cancelled.wait_for(Option::is_some).await;
+            cancelled.borrow().clone().unwrap_or_default()
+        }
+    };
+    let outcome = prepared
+        .run(
+            args,
+            sandbox,
+            log.sink(),
+            mesh,
+            Some(view.observer(id)),
+            cancel,
+        )
+        .await;
+    state
+        .counters
+        .run_us
+        .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+    state.counters.running.fetch_sub(1, Ordering::Relaxed);
+    view.forget_job(id);
+    if fresh {
+        state.remove_fresh_view(id);
+    }
+    drop(permit);
+    match outcome {
+        Ok(()) => (JobStatus::Succeeded, None),
+        Err(RunError::Cancelled(reason)) => (JobStatus::Cancelled, Some(reason)),
+        Err(e) => (JobStatus::Failed, Some(e.to_string())),
+    }
+}

@@ -1,0 +1,349 @@
+//! The `serve` subcommand, and the client subcommands that talk to a
+//! server: `submit`, `jobs`, `logs`, `cancel`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use monarch_host::serve::api::{JobRequest, JobStatus, MeshChoice, MeshSpec, PartialLimits};
+use monarch_host::serve::client::ApiClient;
+use monarch_host::serve::{Limits, ServeConfig, Server};
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Where to listen: IP:PORT. Off loopback, --token-file is required.
+    #[arg(long, default_value = "127.0.0.1:7171")]
+    listen: std::net::SocketAddr,
+    /// Where the server keeps its database, components and job logs.
+    #[arg(long)]
+    data: PathBuf,
+    /// A file holding the bearer token clients must present.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// A persistent mesh to start with, as NAME=PROCS (repeatable).
+    #[arg(long = "mesh", value_parser = parse_mesh)]
+    meshes: Vec<(String, u32)>,
+    /// Writes the address the server listens on (IP:PORT and a newline)
+    /// to this file once it listens; useful with port 0.
+    #[arg(long)]
+    port_file: Option<PathBuf>,
+    /// Jobs that run at once; more wait in the queue.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    max_jobs: u32,
+    /// The largest component accepted, in MiB.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    max_upload_mib: u64,
+    /// The largest log a job may write, in MiB.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    max_log_mib: u64,
+    /// The most linear memory a job may ask for per instance, in MiB.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    max_memory_mib: u32,
+    /// The longest a job may ask to run, in seconds (also caps call timeouts).
+    #[arg(long, default_value_t = 86400, value_parser = clap::value_parser!(u64).range(1..))]
+    max_timeout: u64,
+    /// The most procs a job's fresh mesh, or a persistent mesh, may have.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    max_procs: u32,
+    /// Threads serving HTTP and running controllers.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=256))]
+    threads: u16,
+}
+
+fn parse_mesh(text: &str) -> Result<(String, u32), String> {
+    let (name, procs) = text
+        .split_once('=')
+        .ok_or_else(|| format!("`{text}` is not NAME=PROCS"))?;
+    let procs = procs
+        .parse::<u32>()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("`{procs}` is not a number of procs"))?;
+    Ok((name.to_string(), procs))
+}
+
+/// Where the client subcommands find the server.
+#[derive(Debug, clap::Args)]
+pub struct ServerArgs {
+    /// The server's address.
+    #[arg(long, env = "MONARCH_SERVER", default_value = "http://127.0.0.1:7171")]
+    server: String,
+    /// A file holding the server's bearer token.
+    #[arg(long, env = "MONARCH_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// Seconds each request may take (log streams excepted).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    http_timeout: u64,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SubmitArgs {
+    /// The program component to run.
+    app: PathBuf,
+    #[command(flatten)]
+    server: ServerArgs,
+    /// Runs on this persistent mesh (see `serve --mesh`).
+    #[arg(long, conflicts_with = "procs")]
+    mesh: Option<String>,
+    /// The most procs the job's fresh mesh may start.
+    #[arg(long)]
+    procs: Option<u32>,
+    /// Linear memory per instance, in MiB.
+    #[arg(long)]
+    memory: Option<u32>,
+    /// Wall-clock limit of the job, in seconds.
+    #[arg(long)]
+    timeout: Option<u64>,
+    /// The default timeout of each call, in seconds.
+    #[arg(long)]
+    call_timeout: Option<u64>,
+    /// Prints the job's log as it runs, and exits 0 only if it succeeds.
+    #[arg(long)]
+    follow: bool,
+    /// Arguments passed to the program's `run`.
+    #[arg(last = true)]
+    args: Vec<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct JobsArgs {
+    #[command(flatten)]
+    server: ServerArgs,
+    /// How many of the newest jobs to list.
+    #[arg(long, default_value_t = 20)]
+    limit: usize,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct JobArgs {
+    /// The job's id.
+    id: u64,
+    #[command(flatten)]
+    server: ServerArgs,
+}
+
+fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, String> {
+    let mut builder = if threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(threads);
+        builder
+    };
+    builder
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))
+}
+
+fn failed(command: &str, error: String) -> ExitCode {
+    eprintln!("monarch-host {command}: error: {error}");
+    ExitCode::FAILURE
+}
+
+/// Serves until SIGINT or SIGTERM.
+pub fn serve(args: ServeArgs) -> ExitCode {
+    let token = match args
+        .token_file
+        .as_deref()
+        .map(crate::read_token)
+        .transpose()
+    {
+        Ok(token) => token,
+        Err(e) => return failed("serve", e),
+    };
+    let bootstrap = match std::env::current_exe() {
+        Ok(path) => path,
+        Err(e) => {
+            return failed(
+                "serve",
+                format!("cannot find this binary to start procs: {e}"),
+            );
+        }
+    };
+    let mut config = ServeConfig::new(args.listen, args.data, bootstrap);
+    config.token = token;
+    config.meshes = args.meshes;
+    config.max_running_jobs = args.max_jobs as usize;
+    config.max_upload_bytes = args.max_upload_mib << 20;
+    config.max_log_bytes = args.max_log_mib << 20;
+    config.max_limits = Limits {
+        memory_mib: args.max_memory_mib,
+        timeout_s: args.max_timeout,
+        call_timeout_s: args.max_timeout,
+        procs: args.max_procs,
+    };
+    let defaults = Limits::default();
+    config.default_limits = Limits {
+        memory_mib: defaults.memory_mib.min(args.max_memory_mib),
+        timeout_s: defaults.timeout_s.min(args.max_timeout),
+        call_timeout_s: defaults.call_timeout_s.min(args.max_timeout),
+        procs: defaults.procs.min(args.max_procs),
+    };
+    let runtime = match runtime(args.threads.into()) {
+        Ok(runtime) => runtime,
+        Err(e) => return failed("serve", e),
+    };
+    let port_file = args.port_file;
+    runtime.block_on(async move {
+        let server = match Server::start(config).await {
+            Ok(server) => server,
+            Err(e) => return failed("serve", e),
+        };
+        if let Some(file) = &port_file {
+            let partial = file.with_extension("partial");
+            let written = std::fs::write(&partial, format!("{}\n", server.addr()))
+                .and_then(|()| std::fs::rename(&partial, file));
+            if let Err(e) = written {
+                return failed("serve", format!("cannot write {}: {e}", file.display()));
+            }
+        }
+        eprintln!(
+            "monarch-host serve: listening on http://{} (dashboard at /)",
+            server.addr()
+        );
+        wait_for_signal().await;
+        eprintln!("monarch-host serve: stopping");
+        server.stop(Duration::from_secs(10)).await;
+        ExitCode::SUCCESS
+    })
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+fn client(args: &ServerArgs) -> Result<ApiClient, String> {
+    let token = args
+        .token_file
+        .as_deref()
+        .map(crate::read_token)
+        .transpose()?;
+    ApiClient::new(&args.server, token, Duration::from_secs(args.http_timeout))
+}
+
+/// Runs `body` with a client of the server, reporting its error.
+fn with_client<F, Fut>(command: &str, args: &ServerArgs, body: F) -> ExitCode
+where
+    F: FnOnce(ApiClient) -> Fut,
+    Fut: std::future::Future<Output = Result<ExitCode, String>>,
+{
+    let outcome = client(args).and_then(|client| runtime(1)?.block_on(body(client)));
+    match outcome {
+        Ok(code) => code,
+        Err(e) => failed(command, e),
+    }
+}
+
+/// Uploads a program and submits a job that runs it.
+pub fn submit(args: SubmitArgs) -> ExitCode {
+    let SubmitArgs {
+        app,
+        server,
+        mesh,
+        procs,
+        memory,
+        timeout,
+        call_timeout,
+        follow,
+        args,
+    } = args;
+    with_client("submit", &server, |client| async move {
+        let bytes =
+            std::fs::read(&app).map_err(|e| format!("cannot read {}: {e}", app.display()))?;
+        let uploaded = client.upload(bytes).await?;
+        let job = JobRequest {
+            component: uploaded.id,
+            args,
+            limits: Some(PartialLimits {
+                memory_mib: memory,
+                timeout_s: timeout,
+                call_timeout_s: call_timeout,
+                procs: None,
+            }),
+            mesh: match (mesh, procs) {
+                (Some(name), _) => Some(MeshChoice::Name(name)),
+                (None, Some(procs)) => Some(MeshChoice::Spec(MeshSpec { procs })),
+                (None, None) => None,
+            },
+        };
+        let id = client.submit(&job).await?;
+        if !follow {
+            println!("{id}");
+            return Ok(ExitCode::SUCCESS);
+        }
+        eprintln!("monarch-host submit: job {id}");
+        finish_following(&client, id).await
+    })
+}
+
+/// Prints job `id`'s log until it ends; exit 0 only if it succeeded.
+async fn finish_following(client: &ApiClient, id: u64) -> Result<ExitCode, String> {
+    let end = client.follow_logs(id, |line| println!("{line}")).await?;
+    match end.status {
+        JobStatus::Succeeded => Ok(ExitCode::SUCCESS),
+        status => {
+            eprintln!(
+                "monarch-host: job {id} {}{}",
+                status.as_str(),
+                end.error.map(|e| format!(": {e}")).unwrap_or_default()
+            );
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// Lists the newest jobs.
+pub fn jobs(args: JobsArgs) -> ExitCode {
+    let limit = args.limit.max(1);
+    with_client("jobs", &args.server, |client| async move {
+        let jobs = client.jobs(limit).await?;
+        println!(
+            "{:>6}  {:<10}  {:<12}  {:<12}  ARGS / ERROR",
+            "ID", "STATUS", "MESH", "COMPONENT"
+        );
+        for job in jobs {
+            let detail = match &job.error {
+                Some(error) => error.clone(),
+                None => job.args.join(" "),
+            };
+            println!(
+                "{:>6}  {:<10}  {:<12}  {:<12}  {detail}",
+                job.id,
+                job.status.as_str(),
+                job.mesh.as_deref().unwrap_or("(fresh)"),
+                &job.component[..job.component.len().min(12)],
+            );
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// Prints a job's log, following it until the job ends.
+pub fn logs(args: JobArgs) -> ExitCode {
+    let id = args.id;
+    with_client("logs", &args.server, |client| async move {
+        finish_following(&client, id).await
+    })
+}
+
+/// Cancels a job.
+pub fn cancel(args: JobArgs) -> ExitCode {
+    let id = args.id;
+    with_client("cancel", &args.server, |client| async move {
+        client.cancel(id).await?;
+        eprintln!("monarch-host cancel: job {id} is being cancelled");
+        Ok(ExitCode::SUCCESS)
+    })
+}
