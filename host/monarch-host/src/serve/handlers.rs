@@ -246,7 +246,9 @@ async fn receive(state: &Arc<State>, headers: &HeaderMap, body: Body) -> Answer<
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
+    let mut stream = body.into_data_stream();
     if declared.is_some_and(|n| n > limit) {
+        drain(&mut stream).await;
         return Err(too_big());
     }
     static UPLOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -262,7 +264,6 @@ async fn receive(state: &Arc<State>, headers: &HeaderMap, body: Body) -> Answer<
         .map_err(|e| internal(format!("cannot store the upload: {e}")))?;
     let mut hasher = Sha256::new();
     let mut size: u64 = 0;
-    let mut stream = body.into_data_stream();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| {
             fail(
@@ -272,6 +273,7 @@ async fn receive(state: &Arc<State>, headers: &HeaderMap, body: Body) -> Answer<
         })?;
         size += chunk.len() as u64;
         if size > limit {
+            drain(&mut stream).await;
             return Err(too_big());
         }
         hasher.update(&chunk);
@@ -364,6 +366,22 @@ async fn receive(state: &Arc<State>, headers: &HeaderMap, body: Body) -> Answer<
         },
     )
 }
+
+/// Reads and drops the rest of a refused upload (up to [`DRAIN_LIMIT`]),
+/// so that the client, still sending, gets the answer rather than a
+/// broken connection.
+async fn drain(stream: &mut axum::body::BodyDataStream) {
+    let mut drained: u64 = 0;
+    while let Some(Ok(chunk)) = stream.next().await {
+        drained += chunk.len() as u64;
+        if drained > DRAIN_LIMIT {
+            break;
+        }
+    }
+}
+
+/// The most of a refused upload read only to answer it.
+const DRAIN_LIMIT: u64 = 256 << 20;
 
 /// Lists uploaded components.
 #[utoipa::path(get, path = "/v1/components", responses((status = 200, body = ComponentList)))]

@@ -1,0 +1,155 @@
+//! A `monarch-host serve` process for the tests, on loopback, with its own
+//! scratch directory; killed when dropped.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The token the test servers are started with.
+pub const TOKEN: &str = "serve-test-token";
+
+/// A directory removed when dropped.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    /// A fresh directory named after `name` and this process.
+    pub fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("monarch-serve-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a scratch directory");
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running server.
+pub struct ServeProcess {
+    child: Option<Child>,
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    /// Its data directory.
+    pub data: PathBuf,
+    /// Where its stderr goes.
+    pub log: PathBuf,
+}
+
+impl ServeProcess {
+    /// Starts `monarch-host serve` with the token, data in `dir/data`, and
+    /// `extra` arguments; waits until it listens.
+    pub fn start(dir: &Path, extra: &[&str]) -> ServeProcess {
+        let token_file = dir.join("token");
+        std::fs::write(&token_file, format!("{TOKEN}\n")).expect("the token file");
+        let port_file = dir.join("port");
+        let _ = std::fs::remove_file(&port_file);
+        let data = dir.join("data");
+        let log = dir.join(format!(
+            "server-{}.log",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
+        let child = Command::new(env!("CARGO_BIN_EXE_monarch-host-cli"))
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--data"])
+            .arg(&data)
+            .arg("--token-file")
+            .arg(&token_file)
+            .arg("--port-file")
+            .arg(&port_file)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("the server's log"))
+            .spawn()
+            .expect("start monarch-host serve");
+        let mut server = ServeProcess {
+            child: Some(child),
+            base: String::new(),
+            data,
+            log,
+        };
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&port_file)
+                && let Some(addr) = text.strip_suffix('\n')
+            {
+                server.base = format!("http://{addr}");
+                return server;
+            }
+            if let Some(child) = server.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!("the server exited ({status}): {}", server.log_text());
+            }
+            assert!(
+                Instant::now() < until,
+                "the server did not listen within 60 s: {}",
+                server.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// What the server wrote to stderr.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Kills the server at once (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops the server with SIGTERM and waits for it to exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("a running server");
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+        child.wait().expect("the server's exit status")
+    }
+
+    /// A client of the server's API with the token.
+    pub fn client(&self) -> monarch_host::serve::client::ApiClient {
+        monarch_host::serve::client::ApiClient::new(
+            &self.base,
+            Some(TOKEN.into()),
+            Duration::from_secs(60),
+        )
+        .expect("a client")
+    }
+
+    /// A request to `path` with the token.
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        reqwest::Client::new()
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(TOKEN)
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Sends `request`; the status and the body as JSON (or as a string).
+pub async fn send(request: reqwest::RequestBuilder) -> (u16, serde_json::Value) {
+    let response = request.send().await.expect("an answer");
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("a body");
+    let body = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
+    (status, body)
+}
