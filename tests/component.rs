@@ -358,6 +358,30 @@ fn wrong_world() {
     assert!(run.lines.is_empty(), "it ran: {:#?}", run.lines);
 }
 
+/// controller-only: a component of the `controller` world (`run`, no actor
+/// classes) runs; spawning actors from it is refused by name.
+#[test]
+fn controller_only() {
+    let path = Path::new(env!("GUEST_CONTROLLER_ONLY"));
+    let ran = run(path, &["a", "b"], sandbox());
+    assert!(ran.result.is_ok(), "{:?} {:#?}", ran.result, ran.lines);
+    assert_eq!(
+        ran.lines[0],
+        "[controller] controller-only runs with [\"a\", \"b\"]"
+    );
+    assert!(
+        ran.lines[1].contains("spawn refused: cannot spawn `nobody`")
+            && ran.lines[1].contains("`controller` world"),
+        "{:#?}",
+        ran.lines
+    );
+    let failed = run(path, &["fail"], sandbox());
+    match failed.result {
+        Err(RunError::Failed(reason)) => assert_eq!(reason, "asked to fail"),
+        other => panic!("expected the run to fail, got {other:?}"),
+    }
+}
+
 /// Bytes that are not WebAssembly are refused as such, empty files too.
 #[test]
 fn garbage_is_not_wasm() {

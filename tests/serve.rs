@@ -138,11 +138,16 @@ async fn uploads_are_kept_by_hash_and_bad_ones_are_refused_with_a_reason() {
         assert_eq!(status, want, "{what}: {body}");
         assert!(error_of(&body).contains(says), "{what}: {body}");
     }
+    // A component of the `controller` world (`run` alone) is taken too.
+    let (status, controller) = upload(&server, program(env!("GUEST_CONTROLLER_ONLY"))).await;
+    assert_eq!(status, 201, "{controller}");
+    assert_eq!(controller["world"], "controller");
+    assert_eq!(first["world"], "program");
     // Nothing of the refused uploads is left behind.
     let (_, list) = send(server.request(Method::GET, "/v1/components")).await;
     assert_eq!(
         list["components"].as_array().map(Vec::len),
-        Some(1),
+        Some(2),
         "{list}"
     );
     let leftovers = std::fs::read_dir(server.data.join("uploads"))

@@ -88,6 +88,35 @@
 //! `--peers` then runs the same workloads on PyTorch Monarch 0.7.0 and Ray
 //! 2.60.0 (`host/bench/peers`) and prints their records with a `peer`
 //! field, `{"suite":"mesh","metric":...,"peer":"monarch-0.7.0",...}`.
+//!
+//! ## `serve`: `monarch-host serve` over HTTP, as its users see it
+//!
+//! A server (`monarch-host`'s `serve::Server`) runs in this process on a
+//! runtime and thread of its own (`--threads`, 2 as `monarch-host serve`);
+//! the client (`serve::client::ApiClient`, what `monarch-host submit`
+//! uses) runs on one thread of its own. Procs are child processes of this
+//! binary (`bootstrap`, as in the mesh suite). The job is the `hello`
+//! example with argument `2`: 2 procs, a `Greeter` on each, one gathered
+//! call, 3 log lines; every job's log is checked, and one that fails fails
+//! the suite. Uploads compile for real: `MONARCH_CACHE_DIR` points at an
+//! empty scratch directory, emptied before each repetition, and each
+//! repetition has a fresh server and data directory (see `serve.rs`).
+//!
+//! | metric | what | unit |
+//! | --- | --- | --- |
+//! | `http_rtt_us` | floor: `GET /healthz` on one keep-alive loopback connection to the same server, written and parsed by hand; half before the jobs, half after | us |
+//! | `upload_compile_hello_ms` | `POST /v1/components` of `hello.wasm` as the client sees it (stream, hash, compile, type-check, store), no compile cache; median of 3 | ms |
+//! | `upload_compile_counter_ms` | the same for `counter.wasm` | ms |
+//! | `upload_compile_ping_pong_ms` | the same for `ping_pong.wasm` | ms |
+//! | `submit_to_first_log_ms` | from sending `POST /v1/jobs` (`hello 2` on a persistent mesh of 2 procs) to the first `event: log` of the job's log stream, opened as the submission returns; median of 21 | ms |
+//! | `jobs_per_s` | `hello 2` jobs on the persistent mesh, 200 of them, 16 in flight (`--submitters`: each submits, follows the log to its end, submits the next); from the first submission to the last end; median of 3 runs | jobs/s |
+//! | `fresh_mesh_jobs_per_s` | the same job with no mesh (2 fresh child procs per job), 20 of them, 4 in flight (`--fresh-submitters`); median of 3 runs | jobs/s |
+//!
+//! The log (stderr) adds each run's rate, the server's record of how long
+//! jobs queued and ran, `GET /v1/jobs/ID` through the client for scale,
+//! and every figure as a multiple of the floor. Needs the example
+//! programs: `cd guest-sdk && cargo build --release --target
+//! wasm32-wasip2`. About 20 s on two cores; `--quick` a few seconds.
 
 mod controller;
 mod driver;
@@ -96,6 +125,7 @@ mod mesh;
 mod raw;
 mod report;
 mod runtime;
+mod serve;
 mod worker;
 
 use std::io::IsTerminal;
@@ -122,7 +152,9 @@ Examples:
                                    program: cd guest-sdk && cargo build --release --target wasm32-wasip2)
   monarch-bench mesh --peers       then the same workloads on PyTorch Monarch 0.7.0 and Ray 2.60.0
                                    in the same run (records with a \"peer\" field; needs
-                                   target/peers-venv, see --help of mesh)";
+                                   target/peers-venv, see --help of mesh)
+  monarch-bench serve              the HTTP server: uploads, submit to first log, jobs/s (about
+                                   20 s; needs the example programs, built as for mesh)";
 
 /// Benchmarks of monarch-host, each read against a floor measured in the same run.
 #[derive(Debug, Parser)]
@@ -173,7 +205,22 @@ enum Suite {
     /// run.
     Mesh(mesh::MeshArgs),
 
-    /// A proc of the mesh suite, as `monarch-host bootstrap`: started by the
+    /// `monarch-host serve` over HTTP, in this process: uploads that
+    /// compile, the time from a submission to its first log line, and jobs
+    /// per second on a persistent mesh and on fresh meshes, next to a bare
+    /// `GET /healthz` round trip (the floor).
+    ///
+    /// Metrics: upload_compile_hello_ms, upload_compile_counter_ms,
+    /// upload_compile_ping_pong_ms (no compile cache; median of 3),
+    /// submit_to_first_log_ms (median of 21), jobs_per_s (`hello 2` on a
+    /// persistent mesh of 2 procs, 200 jobs, 16 in flight; median of 3
+    /// runs), fresh_mesh_jobs_per_s (the same on fresh meshes, 20 jobs, 4
+    /// in flight), and the floor http_rtt_us. Needs the example programs:
+    /// `cd guest-sdk && cargo build --release --target wasm32-wasip2`.
+    /// About 20 s on 2 cores.
+    Serve(serve::ServeArgs),
+
+    /// A proc of the mesh and serve suites, as `monarch-host bootstrap`: started by the
     /// suite itself, configured through the environment.
     #[command(hide = true)]
     Bootstrap,
@@ -291,6 +338,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             rt.shutdown_timeout(std::time::Duration::from_secs(1));
             result
         }
+        // Before any runtime: it sets the compile cache's directory.
+        Suite::Serve(args) => serve::main(args),
         Suite::Bootstrap => bootstrap(),
         Suite::Worker {
             addr,
@@ -307,7 +356,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// The `bootstrap` subcommand: serves one proc of the mesh suite, whose
+/// The `bootstrap` subcommand: serves one proc of the mesh or serve suite, whose
 /// actors are the program's Wasm actors, exactly as `monarch-host
 /// bootstrap` does, until the suite goes away.
 fn bootstrap() -> anyhow::Result<()> {

@@ -47,7 +47,9 @@ pub(crate) struct ProgramBytes {
 /// mesh client that starts procs.
 pub struct Cluster {
     pub(crate) engine: Engine,
-    pub(crate) pre: ProgramPre<HostState>,
+    /// The program's actor classes; None for a component of the
+    /// `controller` world, which defines none.
+    pub(crate) pre: Option<ProgramPre<HostState>>,
     pub(crate) sandbox: Sandbox,
     pub(crate) log: LogSink,
     pub(crate) deadline: Instant,
@@ -93,7 +95,7 @@ impl Cluster {
     /// A cluster of a plain run (or of actors on a proc).
     pub(crate) fn new(
         engine: Engine,
-        pre: ProgramPre<HostState>,
+        pre: Option<ProgramPre<HostState>>,
         sandbox: Sandbox,
         log: LogSink,
         program: ProgramBytes,
@@ -104,7 +106,7 @@ impl Cluster {
     /// A cluster for a job of the server.
     pub(crate) fn for_job(
         engine: Engine,
-        pre: ProgramPre<HostState>,
+        pre: Option<ProgramPre<HostState>>,
         sandbox: Sandbox,
         log: LogSink,
         program: ProgramBytes,
@@ -686,6 +688,11 @@ impl HostState {
     ) -> wasmtime::Result<Result<Resource<ActorMeshHandle>, String>> {
         if let Err(e) = hyperactor::id::validate_name(&name) {
             return Ok(Err(e.to_string()));
+        }
+        if self.cluster.pre.is_none() {
+            return Ok(Err(format!(
+                "cannot spawn `{name}`: this program is of the `controller` world and defines no actor classes; build it for the `program` world"
+            )));
         }
         let name = match &self.cluster.job.attached {
             Some(attached) => format!("{}{name}", attached.scope),

@@ -12,6 +12,8 @@ use hyperactor_mesh::client::MeshClient;
 use hyperactor_mesh::remote::{RemoteAllocator, local_ip_towards};
 
 use wasmtime::Engine;
+use wasmtime::component::types::ComponentItem;
+use wasmtime::component::{Component, InstancePre, TypedFunc};
 
 use crate::bindings::{Program, ProgramPre};
 use crate::engine::{self, LoadError, Placement, Sandbox};
@@ -28,7 +30,7 @@ pub enum RunError {
     Load(#[from] LoadError),
     /// The component is not a program of this host's world.
     #[error(
-        "{path} is not a monarch-host program: {reason}. Programs target the WIT world `monarch:host/program` in wit/monarch.wit (exports `run` and `actor-class`)"
+        "{path} is not a monarch-host program: {reason}. Programs target the WIT world `monarch:host/program` in wit/monarch.wit (exports `run` and `actor-class`), or `monarch:host/controller` (`run` alone)"
     )]
     WrongWorld {
         /// The file.
@@ -92,11 +94,31 @@ pub async fn run_program(
 /// run any number of times.
 pub struct Prepared {
     engine: Engine,
-    pre: ProgramPre<HostState>,
+    entry: Entry,
     program: ProgramBytes,
     /// Whether the compiled form came from the cache.
     pub cached: bool,
 }
+
+/// How a prepared component is entered.
+enum Entry {
+    /// The `program` world: `run` and actor classes.
+    Program(ProgramPre<HostState>),
+    /// The `controller` world: `run` only.
+    Controller(InstancePre<HostState>),
+}
+
+/// Whether `component` exports a function `run` (the `controller` world).
+fn exports_run(component: &Component) -> bool {
+    let engine = component.engine();
+    component
+        .component_type()
+        .exports(engine)
+        .any(|(name, item)| name == "run" && matches!(item.ty, ComponentItem::ComponentFunc(_)))
+}
+
+/// The type of `run`: `func(args: list<string>) -> result<_, string>`.
+type RunFunc = TypedFunc<(Vec<String>,), (Result<(), String>,)>;
 
 /// Where a run's procs come from.
 pub enum Mesh {
@@ -125,10 +147,16 @@ impl Prepared {
         let pre = linker
             .instantiate_pre(&loaded.component)
             .map_err(wrong_world)?;
-        let pre = ProgramPre::new(pre).map_err(wrong_world)?;
+        // A `program` exports `run` and `actor-class`; a `controller` only
+        // `run`.
+        let entry = match ProgramPre::new(pre.clone()) {
+            Ok(program) => Entry::Program(program),
+            Err(_) if exports_run(&loaded.component) => Entry::Controller(pre),
+            Err(e) => return Err(wrong_world(e)),
+        };
         Ok(Prepared {
             engine: engine.clone(),
-            pre,
+            entry,
             program: ProgramBytes {
                 sha256: loaded.sha256,
                 bytes: Arc::new(bytes),
@@ -140,6 +168,14 @@ impl Prepared {
     /// The sha256 of the component's bytes.
     pub fn sha256(&self) -> &str {
         &self.program.sha256
+    }
+
+    /// The WIT world the component fits: `program` or `controller`.
+    pub fn world(&self) -> &'static str {
+        match self.entry {
+            Entry::Program(_) => "program",
+            Entry::Controller(_) => "controller",
+        }
     }
 
     /// Runs the controller with `args` on `mesh`, until `run` returns, the
@@ -160,9 +196,13 @@ impl Prepared {
             Mesh::Attached { client, procs } => (Some(procs), Some(client)),
         };
         let placement = sandbox.placement.clone();
+        let actor_classes = match &self.entry {
+            Entry::Program(pre) => Some(pre.clone()),
+            Entry::Controller(_) => None,
+        };
         let cluster = Cluster::for_job(
             self.engine.clone(),
-            self.pre.clone(),
+            actor_classes,
             sandbox,
             log.clone(),
             self.program.clone(),
@@ -189,16 +229,29 @@ impl Prepared {
         state.watch(client.subscribe());
         let mut store = new_store(&cluster, state);
         let run = tokio::time::timeout(deadline, async {
-            let program: Program = cluster
-                .pre
-                .instantiate_async(&mut store)
-                .await
-                .map_err(|e| RunError::Trap(format!("{e:?}")))?;
-            program
-                .call_run(&mut store, args)
-                .await
-                .map_err(|trap| RunError::Trap(format!("{trap:?}")))?
-                .map_err(RunError::Failed)
+            let trapped = |e: wasmtime::Error| RunError::Trap(format!("{e:?}"));
+            let result = match &self.entry {
+                Entry::Program(pre) => {
+                    let program: Program =
+                        pre.instantiate_async(&mut store).await.map_err(trapped)?;
+                    program.call_run(&mut store, args).await.map_err(trapped)?
+                }
+                Entry::Controller(pre) => {
+                    let instance = pre.instantiate_async(&mut store).await.map_err(trapped)?;
+                    let run: RunFunc = instance
+                        .get_typed_func(&mut store, "run")
+                        .map_err(|e| RunError::WrongWorld {
+                            path: "the component".into(),
+                            reason: format!("its `run` is not `func(args: list<string>) -> result<_, string>`: {e:#}"),
+                        })?;
+                    let (result,) = run
+                        .call_async(&mut store, (args.to_vec(),))
+                        .await
+                        .map_err(trapped)?;
+                    result
+                }
+            };
+            result.map_err(RunError::Failed)
         });
         let outcome = tokio::select! {
             outcome = run => outcome.unwrap_or(Err(RunError::Timeout(deadline))),

@@ -48,9 +48,12 @@ impl Actor for WasmActor {
         let mailbox: Mailbox = (**cx).clone();
         let state = HostState::new(self.cluster.clone(), &mailbox, who);
         let mut store = new_store(&self.cluster, state);
-        let program = self
+        let pre = self
             .cluster
             .pre
+            .as_ref()
+            .ok_or_else(|| anyhow!("the program defines no actor classes"))?;
+        let program = pre
             .instantiate_async(&mut store)
             .await
             .map_err(|e| anyhow!("instantiating the program: {e:?}"))?;
@@ -137,10 +140,12 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
     let known_log = known
         .as_ref()
         .map(|c| (c.program.sha256.clone(), c.log.clone()));
-    if let Some(cluster) = known {
+    if let Some(cluster) = known
+        && let Some(pre) = &cluster.pre
+    {
         let compiled = Compiled {
             engine: cluster.engine.clone(),
-            pre: cluster.pre.clone(),
+            pre: pre.clone(),
             program: cluster.program.clone(),
         };
         let cell = OnceCell::new_with(Some(Arc::new(compiled)));
@@ -183,7 +188,7 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
                 };
                 let cluster = Cluster::new(
                     compiled.engine.clone(),
-                    compiled.pre.clone(),
+                    Some(compiled.pre.clone()),
                     sandbox,
                     log,
                     compiled.program.clone(),
@@ -212,7 +217,7 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
     // the process that runs the controller has compiled it already.
     if !compiled_here {
         registry.on_blob(Arc::new(|path| {
-            let engine = worker_engine(256 << 20)?;
+            let engine = worker_engine()?;
             engine::load(&engine, path)
                 .map(|_| ())
                 .map_err(|e| e.to_string())
@@ -221,12 +226,16 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
     registry
 }
 
-/// This process's engine for programs it did not start itself.
-fn worker_engine(memory_bytes: usize) -> Result<wasmtime::Engine, String> {
+/// This process's engine for programs it did not start itself. One proc
+/// runs actors of many runs (a persistent mesh of the server), each with
+/// its own memory cap, which the stores' limits enforce; the engine's pool
+/// takes up to the most a 32-bit memory can grow to, as much address space
+/// as each slot reserves anyway.
+fn worker_engine() -> Result<wasmtime::Engine, String> {
     static ENGINE: OnceLock<Result<wasmtime::Engine, String>> = OnceLock::new();
     ENGINE
         .get_or_init(|| {
-            let engine = engine::new_engine(memory_bytes).map_err(|e| format!("{e:#}"))?;
+            let engine = engine::new_engine(4 << 30).map_err(|e| format!("{e:#}"))?;
             engine::start_epoch_ticker(&engine);
             Ok(engine)
         })
@@ -236,7 +245,7 @@ fn worker_engine(memory_bytes: usize) -> Result<wasmtime::Engine, String> {
 /// Loads a program from the host's blob store, through the compile cache.
 async fn load_program(args: &SpawnArgs, params: &WasmSpawnParams) -> Result<Arc<Compiled>, String> {
     let path = blob_path(&args.blob_dir, &params.sha256)?;
-    let engine = worker_engine(params.memory_bytes)?;
+    let engine = worker_engine()?;
     let loaded = {
         let (engine, path) = (engine.clone(), path.clone());
         tokio::task::spawn_blocking(move || engine::load(&engine, &path))

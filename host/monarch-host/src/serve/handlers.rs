@@ -342,7 +342,7 @@ async fn receive(state: &Arc<State>, headers: &HeaderMap, body: Body) -> Answer<
     let info = ComponentInfo {
         id: id.clone(),
         size,
-        world: "program".into(),
+        world: prepared.world().into(),
         uploaded_at_ms: db::now_ms(),
     };
     state.db.insert_component(&info).map_err(internal)?;
