@@ -9,18 +9,19 @@
 //! The test needs Chromium at `/usr/bin/chromium`; without it, it says so
 //! and passes.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+#[path = "support/serve.rs"]
+mod serve_support;
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use monarch_host::serve::api::{JobInfo, JobRequest, JobStatus, MeshChoice};
+use serve_support::{Scratch, ServeProcess, TOKEN};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
-const TOKEN: &str = "serve-dashboard-test-token";
-/// How long the server may take to listen, and a job to finish.
-const STARTUP: Duration = Duration::from_secs(60);
+/// How long a job may take to finish.
 const JOB_DEADLINE: Duration = Duration::from_secs(60);
 /// How long one request may go without a byte: a log stream that does not
 /// end is reported, not waited on.
@@ -35,53 +36,41 @@ fn dashboard_shows_a_job_its_logs_and_the_mesh() {
         return;
     }
     // Declared first so that it is dropped last, after the server.
-    let scratch = Scratch::new("serve-dashboard");
-    let server = Server::start(&scratch.0);
+    let scratch = Scratch::new("dashboard");
+    let server = ServeProcess::start(&scratch.0, &["--mesh", "workers=2"]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let client = server.client();
 
     // Upload `hello` and run it on the persistent mesh.
     let wasm = std::fs::read(env!("GUEST_HELLO")).expect("read the hello example");
-    let uploaded = server.request("POST", "/v1/components", Some("application/wasm"), &wasm);
-    assert!(
-        uploaded.status == 201 || uploaded.status == 200,
-        "upload: {uploaded}\n{}",
-        server.log()
-    );
-    let component = uploaded.json()["id"].clone();
-    assert!(!component.is_null(), "upload: no id in {uploaded}");
-    let job = json!({"component": component, "args": ["2"], "mesh": "workers"});
-    let submitted = server.request(
-        "POST",
-        "/v1/jobs",
-        Some("application/json"),
-        job.to_string().as_bytes(),
-    );
+    let component = rt.block_on(client.upload(wasm)).expect("upload").id;
+    let job = JobRequest {
+        component,
+        args: vec!["2".into()],
+        limits: None,
+        mesh: Some(MeshChoice::Name("workers".into())),
+    };
+    let id = rt.block_on(client.submit(&job)).expect("submit");
+    let finished = wait_for_job(&rt, &server, id);
     assert_eq!(
-        submitted.status,
-        201,
-        "submit: {submitted}\n{}",
-        server.log()
+        finished.status,
+        JobStatus::Succeeded,
+        "job {id}: {finished:?}\n{}",
+        diagnostics(&rt, &server, id)
     );
-    let id = submitted.json()["id"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("submit: no numeric id in {submitted}"));
-    let finished = server.wait_for_job(id);
-    assert_eq!(
-        finished["status"],
-        "succeeded",
-        "job {id}: {finished}\nlogs:\n{}\n{}",
-        server.logs_route(id),
-        server.log()
-    );
+    let addr = server.base.trim_start_matches("http://");
 
     // The page, opened as a user would from a link that carries the token.
-    let url = format!("http://{}/?token={TOKEN}#job={id}", server.addr);
+    let url = format!("http://{addr}/?token={TOKEN}#job={id}");
     let dom = chromium_dump_dom(&url, &scratch.0.join("profile-token"));
     let context = || {
         format!(
-            "the page showed:\n{}\nthe logs route answers:\n{}\n{}",
+            "the page showed:\n{}\n{}",
             body_of(&dom),
-            server.logs_route(id),
-            server.log()
+            diagnostics(&rt, &server, id)
         )
     };
     // No error banner and no token form.
@@ -166,19 +155,19 @@ fn dashboard_shows_a_job_its_logs_and_the_mesh() {
     );
 
     // Without a token: the form that asks for one, and no jobs.
-    let url = format!("http://{}/", server.addr);
+    let url = format!("http://{addr}/");
     let dom = chromium_dump_dom(&url, &scratch.0.join("profile-no-token"));
     assert!(
         by_id(&dom, "token-form").is_some(),
         "GET / without a token did not serve the dashboard; the page showed:\n{}\n{}",
         body_of(&dom),
-        server.log()
+        server.log_text()
     );
     assert!(
         !is_hidden(&dom, "token-form"),
         "no token form without a token; the page showed:\n{}\n{}",
         body_of(&dom),
-        server.log()
+        server.log_text()
     );
     let rows = open_tags(&dom)
         .filter(|tag| tag_name(tag) == "tr" && has_class(tag, "job"))
@@ -191,238 +180,40 @@ fn dashboard_shows_a_job_its_logs_and_the_mesh() {
     );
 }
 
-/// A directory of this test's own, removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("monarch-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create the scratch directory");
-        Scratch(dir)
-    }
+/// A log of the server and what the logs route of job `id` sends, for
+/// failure messages: never panics, never waits past [`HTTP_TIMEOUT`].
+fn diagnostics(rt: &tokio::runtime::Runtime, server: &ServeProcess, id: u64) -> String {
+    let mut lines = Vec::new();
+    let client = server.client();
+    let followed = rt.block_on(tokio::time::timeout(
+        HTTP_TIMEOUT,
+        client.follow_logs(id, |line| lines.push(line.to_string())),
+    ));
+    let log = server.log_text();
+    let tail = (log.len().saturating_sub(8000)..log.len())
+        .find(|&i| log.is_char_boundary(i))
+        .unwrap_or(log.len());
+    format!(
+        "the logs route sent {lines:#?} then {followed:?}\nserver log:\n{}",
+        &log[tail..]
+    )
 }
 
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// `monarch-host serve`, killed and reaped when dropped.
-struct Server {
-    child: Child,
-    /// Where it listens: `127.0.0.1:PORT`.
-    addr: String,
-    /// Its stdout and stderr.
-    log_path: PathBuf,
-}
-
-impl Server {
-    /// Starts the server with a mesh `workers` of two procs; returns once
-    /// it has written its address to the port file.
-    fn start(dir: &Path) -> Server {
-        let token_file = dir.join("token");
-        std::fs::write(&token_file, TOKEN).expect("write the token file");
-        let port_file = dir.join("port");
-        let data = dir.join("data");
-        std::fs::create_dir_all(&data).expect("create the data directory");
-        let log_path = dir.join("server.log");
-        let log = std::fs::File::create(&log_path).expect("create the server log");
-        let child = Command::new(env!("CARGO_BIN_EXE_monarch-host-cli"))
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0"])
-            .arg("--data")
-            .arg(&data)
-            .arg("--token-file")
-            .arg(&token_file)
-            .args(["--mesh", "workers=2"])
-            .arg("--port-file")
-            .arg(&port_file)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("clone the log file"))
-            .stderr(log)
-            .spawn()
-            .expect("start monarch-host serve");
-        let mut server = Server {
-            child,
-            addr: String::new(),
-            log_path,
-        };
-        let started = Instant::now();
-        loop {
-            // The address is whole once its newline is written.
-            let written = std::fs::read_to_string(&port_file).unwrap_or_default();
-            if let Some(addr) = written.strip_suffix('\n')
-                && addr.trim().parse::<std::net::SocketAddr>().is_ok()
-            {
-                server.addr = addr.trim().to_string();
-                return server;
-            }
-            if let Ok(Some(status)) = server.child.try_wait() {
-                panic!(
-                    "monarch-host serve exited ({status}) before it listened\n{}",
-                    server.log()
-                );
-            }
-            if started.elapsed() > STARTUP {
-                panic!(
-                    "monarch-host serve wrote no address to {} within {STARTUP:?}\n{}",
-                    port_file.display(),
-                    server.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// What the server printed, for failure messages.
-    fn log(&self) -> String {
-        let text = std::fs::read_to_string(&self.log_path).unwrap_or_default();
-        let tail = text.len().saturating_sub(8000);
-        let tail = (tail..text.len())
-            .find(|&i| text.is_char_boundary(i))
-            .unwrap_or(text.len());
-        format!("server log:\n{}", &text[tail..])
-    }
-
-    /// One request with the token.
-    fn request(
-        &self,
-        method: &str,
-        path: &str,
-        content_type: Option<&str>,
-        body: &[u8],
-    ) -> Response {
-        http(&self.addr, method, path, Some(TOKEN), content_type, body)
-            .unwrap_or_else(|e| panic!("{method} {path}: {e}\n{}", self.log()))
-    }
-
-    /// What `GET /v1/jobs/{id}/logs` answers, or why it did not, for
-    /// failure messages: never panics.
-    fn logs_route(&self, id: u64) -> String {
-        let path = format!("/v1/jobs/{id}/logs");
-        match http(&self.addr, "GET", &path, Some(TOKEN), None, b"") {
-            Ok(response) => response.to_string(),
-            Err(e) => format!("GET {path}: {e}"),
-        }
-    }
-
-    /// Polls `GET /v1/jobs/{id}` until the job has finished; returns it.
-    fn wait_for_job(&self, id: u64) -> Value {
-        let started = Instant::now();
-        loop {
-            let response = self.request("GET", &format!("/v1/jobs/{id}"), None, b"");
-            assert_eq!(response.status, 200, "job {id}: {response}");
-            let job = response.json();
-            if matches!(
-                job["status"].as_str(),
-                Some("succeeded" | "failed" | "cancelled")
-            ) {
-                return job;
-            }
-            if started.elapsed() > JOB_DEADLINE {
-                panic!(
-                    "job {id} did not finish within {JOB_DEADLINE:?}: {job}\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// An HTTP response: its status and body.
-struct Response {
-    status: u16,
-    body: Vec<u8>,
-}
-
-impl Response {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {self}"))
-    }
-}
-
-impl std::fmt::Display for Response {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}", self.status, self.text())
-    }
-}
-
-/// A tiny HTTP/1.1 client: one request per connection, read to the end.
-fn http(
-    addr: &str,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    content_type: Option<&str>,
-    body: &[u8],
-) -> std::io::Result<Response> {
-    let mut stream = TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(HTTP_TIMEOUT))?;
-    stream.set_write_timeout(Some(HTTP_TIMEOUT))?;
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    if let Some(token) = token {
-        head.push_str(&format!("Authorization: Bearer {token}\r\n"));
-    }
-    if let Some(content_type) = content_type {
-        head.push_str(&format!("Content-Type: {content_type}\r\n"));
-    }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes())?;
-    stream.write_all(body)?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
-    let invalid =
-        |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| invalid("no end of headers"))?;
-    let headers = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
-    let status = headers
-        .split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .ok_or_else(|| invalid("no status"))?;
-    let mut body = raw[split + 4..].to_vec();
-    if headers
-        .lines()
-        .any(|line| line.starts_with("transfer-encoding:") && line.contains("chunked"))
-    {
-        body = dechunk(&body).ok_or_else(|| invalid("bad chunked body"))?;
-    }
-    Ok(Response { status, body })
-}
-
-/// Decodes a chunked body.
-fn dechunk(mut raw: &[u8]) -> Option<Vec<u8>> {
-    let mut body = Vec::new();
+/// Waits until job `id` has finished; returns it.
+fn wait_for_job(rt: &tokio::runtime::Runtime, server: &ServeProcess, id: u64) -> JobInfo {
+    let client = server.client();
+    let started = Instant::now();
     loop {
-        let line_end = raw.windows(2).position(|w| w == b"\r\n")?;
-        let size = std::str::from_utf8(&raw[..line_end]).ok()?;
-        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
-        raw = &raw[line_end + 2..];
-        if size == 0 {
-            return Some(body);
+        let job = rt.block_on(client.job(id)).expect("the job");
+        if job.status.is_final() {
+            return job;
         }
-        body.extend_from_slice(raw.get(..size)?);
-        raw = raw.get(size + 2..)?;
+        assert!(
+            started.elapsed() < JOB_DEADLINE,
+            "job {id} did not finish within {JOB_DEADLINE:?}: {job:?}\n{}",
+            server.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

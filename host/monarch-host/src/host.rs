@@ -164,7 +164,7 @@ impl Cluster {
         let running = client.live_procs();
         if running + count > self.sandbox.max_procs {
             return Err(format!(
-                "the host allows {} procs (--procs) and {running} are running; {count} more asked for",
+                "this run allows {} procs (`run --procs`, or a job's `limits.procs`) and {running} are running; {count} more asked for",
                 self.sandbox.max_procs,
             ));
         }
