@@ -291,6 +291,36 @@ async fn jobs_succeed_fail_and_are_cancelled_and_their_logs_stream() {
     );
     assert!(meshes[0].actors.is_empty(), "{meshes:?}");
 
+    // An actor that spins forever on the mesh is stopped with its job, so
+    // the next job on the same procs runs at once (not after the spinning
+    // job's deadline).
+    let spinner = client
+        .submit(&job(
+            &spin,
+            &["actor"],
+            Some(MeshChoice::Name("workers".into())),
+        ))
+        .await
+        .unwrap();
+    let done = finished(&client, spinner, Duration::from_secs(30)).await;
+    assert_eq!(done.status, JobStatus::Succeeded, "{done:?}");
+    let started = Instant::now();
+    let next = client
+        .submit(&job(
+            &hello,
+            &["2"],
+            Some(MeshChoice::Name("workers".into())),
+        ))
+        .await
+        .unwrap();
+    let next = finished(&client, next, Duration::from_secs(30)).await;
+    assert_eq!(next.status, JobStatus::Succeeded, "{next:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+
     // On a fresh mesh of at most 2 procs: asking for 3 fails by name.
     let fresh = client
         .submit(&job(
@@ -397,7 +427,7 @@ async fn jobs_succeed_fail_and_are_cancelled_and_their_logs_stream() {
     let (_, metrics) = send(server.request(Method::GET, "/metrics")).await;
     let metrics = metrics.as_str().unwrap().to_string();
     for line in [
-        "monarch_jobs_finished_total{status=\"succeeded\"} 1",
+        "monarch_jobs_finished_total{status=\"succeeded\"} 3",
         "monarch_jobs_finished_total{status=\"failed\"} 2",
         "monarch_jobs_finished_total{status=\"cancelled\"} 1",
         "monarch_mesh_procs{state=\"running\"} 2",

@@ -113,6 +113,21 @@ impl SpawnedActor {
     pub fn id(&self) -> &ActorId {
         &self.id
     }
+
+    /// Also runs `interrupt` when the actor is stopped: for an actor whose
+    /// handler may not return on its own (a guest that spins), so that
+    /// stopping it, and the agent waiting for it, ends.
+    pub fn on_stop(self, interrupt: impl Fn() + Send + Sync + 'static) -> SpawnedActor {
+        let stop = self.stop;
+        SpawnedActor {
+            id: self.id,
+            stop: Box::new(move || {
+                interrupt();
+                stop();
+            }),
+            join: self.join,
+        }
+    }
 }
 
 /// Makes actors of one kind.

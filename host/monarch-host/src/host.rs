@@ -262,6 +262,9 @@ pub struct HostState {
     events: Option<mpsc::UnboundedReceiver<MeshEvent>>,
     /// The meshes this instance spawned, whose failures it hears of.
     spawned: Vec<Arc<MeshBase>>,
+    /// Set when the instance's actor is stopped: the guest traps at its
+    /// next epoch tick or wait, even if it would never return.
+    pub(crate) interrupt: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl WasiView for HostState {
@@ -315,6 +318,7 @@ impl HostState {
             who,
             events: None,
             spawned: Vec::new(),
+            interrupt: Arc::default(),
         }
     }
 
@@ -478,7 +482,10 @@ pub(crate) fn new_store(cluster: &Arc<Cluster>, state: HostState) -> Store<HostS
     store.limiter(|state| &mut state.limits);
     store.set_hostcall_fuel(HOSTCALL_FUEL);
     let deadline = cluster.deadline;
-    store.epoch_deadline_callback(move |_| {
+    store.epoch_deadline_callback(move |cx| {
+        if cx.data().interrupt.load(Ordering::Relaxed) {
+            wasmtime::bail!("the actor was stopped while its guest ran");
+        }
         if Instant::now() >= deadline {
             wasmtime::bail!("the run's deadline passed while the guest was running (--timeout)");
         }
@@ -553,6 +560,9 @@ impl mesh::Host for HostState {
         let now = Instant::now();
         if now >= self.cluster.deadline {
             wasmtime::bail!("the run's deadline passed (--timeout)");
+        }
+        if self.interrupt.load(Ordering::Relaxed) {
+            wasmtime::bail!("the actor was stopped while it waited");
         }
         let until = (now + Duration::from_millis(timeout_ms)).min(self.cluster.deadline);
         // Poll briefly before sleeping: a reply from a nearby actor comes

@@ -12,6 +12,7 @@
 //! into a failure for every pending caller.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -36,6 +37,8 @@ pub struct WasmActor {
     rank: u32,
     extent: Vec<Dim>,
     instance: Option<(Store<HostState>, Program)>,
+    /// Set by the proc's agent when it stops the actor (see `HostState`).
+    interrupt: Arc<AtomicBool>,
 }
 
 impl Actor for WasmActor {
@@ -46,7 +49,8 @@ impl Actor for WasmActor {
     async fn init(&mut self, cx: &Context<Self>) -> anyhow::Result<()> {
         let who = format!("{}[{}]", self.mesh, self.rank);
         let mailbox: Mailbox = (**cx).clone();
-        let state = HostState::new(self.cluster.clone(), &mailbox, who);
+        let mut state = HostState::new(self.cluster.clone(), &mailbox, who);
+        state.interrupt = self.interrupt.clone();
         let mut store = new_store(&self.cluster, state);
         let pre = self
             .cluster
@@ -208,8 +212,11 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
                         })
                         .collect(),
                     instance: None,
+                    interrupt: Arc::default(),
                 };
-                SpawnedActor::start(&args, actor).await
+                let interrupt = actor.interrupt.clone();
+                let spawned = SpawnedActor::start(&args, actor).await?;
+                Ok(spawned.on_stop(move || interrupt.store(true, Ordering::Relaxed)))
             })
         }),
     );
