@@ -262,7 +262,25 @@ pub fn submit(args: SubmitArgs) -> ExitCode {
     with_client("submit", &server, |client| async move {
         let bytes =
             std::fs::read(&app).map_err(|e| format!("cannot read {}: {e}", app.display()))?;
+        eprintln!(
+            "monarch-host submit: uploading {} ({} KiB); the server compiles it",
+            app.display(),
+            bytes.len().div_ceil(1024)
+        );
         let uploaded = client.upload(bytes).await?;
+        if uploaded.existing {
+            eprintln!(
+                "monarch-host submit: the server has it already ({})",
+                &uploaded.id[..12]
+            );
+        } else {
+            eprintln!(
+                "monarch-host submit: uploaded {}, a `{}` component, compiled in {} ms",
+                &uploaded.id[..12],
+                uploaded.world,
+                uploaded.compile_ms
+            );
+        }
         let job = JobRequest {
             component: uploaded.id,
             args,
