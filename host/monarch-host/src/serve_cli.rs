@@ -271,12 +271,12 @@ pub fn submit(args: SubmitArgs) -> ExitCode {
         if uploaded.existing {
             eprintln!(
                 "monarch-host submit: the server has it already ({})",
-                &uploaded.id[..12]
+                short(&uploaded.id)
             );
         } else {
             eprintln!(
                 "monarch-host submit: uploaded {}, a `{}` component, compiled in {} ms",
-                &uploaded.id[..12],
+                short(&uploaded.id),
                 uploaded.world,
                 uploaded.compile_ms
             );
@@ -341,7 +341,7 @@ pub fn jobs(args: JobsArgs) -> ExitCode {
                 job.id,
                 job.status.as_str(),
                 job.mesh.as_deref().unwrap_or("(fresh)"),
-                &job.component[..job.component.len().min(12)],
+                short(&job.component),
             );
         }
         Ok(ExitCode::SUCCESS)
@@ -364,4 +364,9 @@ pub fn cancel(args: JobArgs) -> ExitCode {
         eprintln!("monarch-host cancel: job {id} is being cancelled");
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// The first 12 characters of a component id, as listings show it.
+fn short(id: &str) -> String {
+    id.chars().take(12).collect()
 }
