@@ -1,0 +1,1 @@
+//! monarch-rdma: registered buffers and one-sided transfers between procs.

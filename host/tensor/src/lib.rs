@@ -1,0 +1,1 @@
+//! monarch-tensor: tensors and their CPU and CUDA backends.
