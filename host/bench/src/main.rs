@@ -110,13 +110,13 @@
 //! | `upload_compile_ping_pong_ms` | the same for `ping_pong.wasm` | ms |
 //! | `submit_to_first_log_ms` | from sending `POST /v1/jobs` (`hello 2` on a persistent mesh of 2 procs) to the first `event: log` of the job's log stream, opened as the submission returns; median of 21 | ms |
 //! | `jobs_per_s` | `hello 2` jobs on the persistent mesh, 200 of them, 16 in flight (`--submitters`: each submits, follows the log to its end, submits the next); from the first submission to the last end; median of 3 runs | jobs/s |
-//! | `fresh_mesh_jobs_per_s` | the same job with no mesh (2 fresh child procs per job), 20 of them, 4 in flight (`--fresh-submitters`); median of 3 runs | jobs/s |
+//! | `fresh_mesh_jobs_per_s` | the same job with no mesh (2 fresh child procs per job), 40 of them, 4 in flight (`--fresh-submitters`); median of 3 runs | jobs/s |
 //!
 //! The log (stderr) adds each run's rate, the server's record of how long
 //! jobs queued and ran, `GET /v1/jobs/ID` through the client for scale,
 //! and every figure as a multiple of the floor. Needs the example
 //! programs: `cd guest-sdk && cargo build --release --target
-//! wasm32-wasip2`. About 20 s on two cores; `--quick` a few seconds.
+//! wasm32-wasip2`. About 8 s on two cores; `--quick` about 5 s (debug build).
 
 mod controller;
 mod driver;
@@ -154,7 +154,7 @@ Examples:
                                    in the same run (records with a \"peer\" field; needs
                                    target/peers-venv, see --help of mesh)
   monarch-bench serve              the HTTP server: uploads, submit to first log, jobs/s (about
-                                   20 s; needs the example programs, built as for mesh)";
+                                   8 s; needs the example programs, built as for mesh)";
 
 /// Benchmarks of monarch-host, each read against a floor measured in the same run.
 #[derive(Debug, Parser)]
@@ -214,10 +214,10 @@ enum Suite {
     /// upload_compile_ping_pong_ms (no compile cache; median of 3),
     /// submit_to_first_log_ms (median of 21), jobs_per_s (`hello 2` on a
     /// persistent mesh of 2 procs, 200 jobs, 16 in flight; median of 3
-    /// runs), fresh_mesh_jobs_per_s (the same on fresh meshes, 20 jobs, 4
+    /// runs), fresh_mesh_jobs_per_s (the same on fresh meshes, 40 jobs, 4
     /// in flight), and the floor http_rtt_us. Needs the example programs:
     /// `cd guest-sdk && cargo build --release --target wasm32-wasip2`.
-    /// About 20 s on 2 cores.
+    /// About 8 s on 2 cores.
     Serve(serve::ServeArgs),
 
     /// A proc of the mesh and serve suites, as `monarch-host bootstrap`: started by the

@@ -137,7 +137,7 @@ impl Settings {
                 first_log_warmup: 3,
                 first_log_samples: 21,
                 jobs: 200,
-                fresh_jobs: 20,
+                fresh_jobs: 40,
                 runs: 3,
             }
         }

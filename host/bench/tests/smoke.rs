@@ -30,6 +30,17 @@ const MESH_METRICS: [(&str, &str); 7] = [
     ("raw_unix_rtt_us", "us"),
 ];
 
+/// Every metric of the serve suite, with its unit.
+const SERVE_METRICS: [(&str, &str); 7] = [
+    ("upload_compile_hello_ms", "ms"),
+    ("upload_compile_counter_ms", "ms"),
+    ("upload_compile_ping_pong_ms", "ms"),
+    ("submit_to_first_log_ms", "ms"),
+    ("jobs_per_s", "jobs/s"),
+    ("fresh_mesh_jobs_per_s", "jobs/s"),
+    ("http_rtt_us", "us"),
+];
+
 /// Runs the binary with `args`, killing it if it runs past `limit`.
 fn run(args: &[&str], limit: Duration) -> Output {
     let mut child = Command::new(BIN)
@@ -112,12 +123,36 @@ fn runtime_quick_prints_each_metric_once_as_json_and_nothing_else() {
 /// Builds the guest program of the controller and mesh suites (a no-op
 /// when it is up to date) and returns its path.
 fn guest_program() -> PathBuf {
+    let dir = build_guests(&["controller-bench"]);
+    let wasm = dir.join("controller_bench.wasm");
+    assert!(wasm.exists(), "{} was not built", wasm.display());
+    wasm
+}
+
+/// Builds the example programs the serve suite uploads (a no-op when they
+/// are up to date) and returns their directory.
+fn example_programs() -> PathBuf {
+    let dir = build_guests(&["hello", "counter", "ping-pong"]);
+    for name in ["hello", "counter", "ping_pong"] {
+        let wasm = dir.join(format!("{name}.wasm"));
+        assert!(wasm.exists(), "{} was not built", wasm.display());
+    }
+    dir
+}
+
+/// Builds the guest `packages` for `wasm32-wasip2` in release and returns
+/// the directory they are built in.
+fn build_guests(packages: &[&str]) -> PathBuf {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut command = Command::new(cargo);
     command
         .args(["build", "--release", "--locked", "--quiet"])
-        .args(["--target", "wasm32-wasip2", "-p", "controller-bench"])
+        .args(["--target", "wasm32-wasip2"]);
+    for package in packages {
+        command.args(["-p", package]);
+    }
+    command
         .arg("--manifest-path")
         .arg(repo.join("guest-sdk/Cargo.toml"))
         .stdin(Stdio::null());
@@ -135,14 +170,12 @@ fn guest_program() -> PathBuf {
     }
     let status = command
         .status()
-        .expect("run cargo to build the guest program");
+        .expect("run cargo to build the guest programs");
     assert!(
         status.success(),
-        "building the guest program failed ({status}); it needs `rustup target add wasm32-wasip2`"
+        "building the guest programs {packages:?} failed ({status}); it needs `rustup target add wasm32-wasip2`"
     );
-    let wasm = repo.join("guest-sdk/target/wasm32-wasip2/release/controller_bench.wasm");
-    assert!(wasm.exists(), "{} was not built", wasm.display());
-    wasm
+    repo.join("guest-sdk/target/wasm32-wasip2/release")
 }
 
 #[test]
@@ -159,6 +192,25 @@ fn mesh_quick_prints_each_metric_once_as_json_and_nothing_else() {
     // Procs are child processes of this binary (`bootstrap`); a smoke run
     // that gets slow is a regression worth seeing.
     assert!(took < Duration::from_secs(20), "mesh --quick took {took:?}");
+}
+
+#[test]
+fn serve_quick_prints_each_metric_once_as_json_and_nothing_else() {
+    let programs = example_programs();
+    let programs = programs.to_str().expect("a UTF-8 path");
+    let started = Instant::now();
+    let output = run(
+        &["serve", "--quick", "--programs", programs],
+        Duration::from_secs(60),
+    );
+    let took = started.elapsed();
+    assert_records(output, "serve", &SERVE_METRICS);
+    // A server, a persistent mesh of 2 procs and a few dozen jobs; a smoke
+    // run that gets slow is a regression worth seeing.
+    assert!(
+        took < Duration::from_secs(30),
+        "serve --quick took {took:?}"
+    );
 }
 
 #[test]
@@ -190,6 +242,7 @@ fn help_names_the_suites_and_hides_the_worker_modes() {
     assert!(help.contains("runtime"), "{help}");
     assert!(help.contains("JSON"), "{help}");
     assert!(help.contains("mesh"), "{help}");
+    assert!(help.contains("serve"), "{help}");
     assert!(!help.contains("raw-echo"), "{help}");
     assert!(!help.contains("bootstrap"), "{help}");
 }

@@ -87,11 +87,18 @@ impl Db {
     pub(crate) fn insert_component(&self, info: &ComponentInfo) -> Result<bool> {
         let added = self
             .conn()
-            .execute(
+            .prepare_cached(
                 "INSERT OR IGNORE INTO components (id, size, world, uploaded_at_ms)
                  VALUES (?1, ?2, ?3, ?4)",
-                params![info.id, info.size as i64, info.world, info.uploaded_at_ms],
             )
+            .and_then(|mut s| {
+                s.execute(params![
+                    info.id,
+                    info.size as i64,
+                    info.world,
+                    info.uploaded_at_ms
+                ])
+            })
             .map_err(db_err)?;
         Ok(added == 1)
     }
@@ -128,17 +135,19 @@ impl Db {
         limits: &Limits,
     ) -> Result<u64> {
         let conn = self.conn();
-        conn.execute(
+        conn.prepare_cached(
             "INSERT INTO jobs (component, args, mesh, limits, status, created_at_ms)
              VALUES (?1, ?2, ?3, ?4, 'queued', ?5)",
-            params![
+        )
+        .and_then(|mut s| {
+            s.execute(params![
                 component,
                 serde_json::to_string(args).unwrap_or_default(),
                 mesh,
                 serde_json::to_string(limits).unwrap_or_default(),
                 now_ms()
-            ],
-        )
+            ])
+        })
         .map_err(db_err)?;
         Ok(conn.last_insert_rowid() as u64)
     }
@@ -148,11 +157,11 @@ impl Db {
     pub(crate) fn start_job(&self, id: u64) -> Result<bool> {
         let changed = self
             .conn()
-            .execute(
+            .prepare_cached(
                 "UPDATE jobs SET status = 'running', started_at_ms = ?2
                  WHERE id = ?1 AND status = 'queued'",
-                params![id as i64, now_ms()],
             )
+            .and_then(|mut s| s.execute(params![id as i64, now_ms()]))
             .map_err(db_err)?;
         Ok(changed == 1)
     }
@@ -166,23 +175,19 @@ impl Db {
     ) -> Result<bool> {
         let changed = self
             .conn()
-            .execute(
+            .prepare_cached(
                 "UPDATE jobs SET status = ?2, error = ?3, finished_at_ms = ?4
                  WHERE id = ?1 AND status IN ('queued', 'running')",
-                params![id as i64, status.as_str(), error, now_ms()],
             )
+            .and_then(|mut s| s.execute(params![id as i64, status.as_str(), error, now_ms()]))
             .map_err(db_err)?;
         Ok(changed == 1)
     }
 
     pub(crate) fn job(&self, id: u64) -> Result<Option<JobInfo>> {
         self.conn()
-            .query_row(
-                &format!("{JOB_COLUMNS} WHERE id = ?1"),
-                params![id as i64],
-                job_row,
-            )
-            .optional()
+            .prepare_cached(&format!("{JOB_COLUMNS} WHERE id = ?1"))
+            .and_then(|mut s| s.query_row(params![id as i64], job_row).optional())
             .map_err(db_err)
     }
 
