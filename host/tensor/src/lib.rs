@@ -1,7 +1,7 @@
 //! monarch-tensor: tensors and their CPU and CUDA backends.
 //!
 //! The host owns tensors; a controller (a Wasm component) holds only handles
-//! to them. This crate is the single-process library under that: a
+//! to them. At its core this crate is the single-process library under that: a
 //! [`Tensor`] is a [`Shape`], a [`DType`] and contiguous row-major storage on
 //! one [`Device`]. Operations check their operands and dispatch to the
 //! backend of the device the storage is on:
@@ -13,6 +13,10 @@
 //!   cudarc loads the CUDA libraries at run time, so the feature builds
 //!   anywhere; without a driver, creating a CUDA tensor returns
 //!   [`Error::CudaUnavailable`].
+//!
+//! Above one process, [`mesh`] puts tensors on the procs of an actor mesh:
+//! a tensor worker per rank holds the shards, and the controller holds
+//! handles, pipelines operations, fetches and all-reduces (see its docs).
 //!
 //! Sharding (a tensor split over a mesh dimension) is built from
 //! [`Tensor::narrow`] and [`Tensor::cat`]; gradient steps and all-reduce
@@ -98,6 +102,7 @@ mod cuda;
 mod device;
 mod dtype;
 mod error;
+pub mod mesh;
 mod ops;
 mod rng;
 mod shape;
