@@ -117,8 +117,37 @@
 //! and every figure as a multiple of the floor. Needs the example
 //! programs: `cd guest-sdk && cargo build --release --target
 //! wasm32-wasip2`. About 8 s on two cores; `--quick` about 5 s (debug build).
+//!
+//! ## `dataplane`: bulk bytes between procs, and tensor matmul
+//!
+//! Two `monarch-rdma` managers (default `RdmaConfig`, so the TCP backend
+//! where there is no RDMA device), one in this process and one in a worker
+//! process (this binary again, hidden subcommand `dataplane-worker`, which
+//! exits when its stdin closes), move 1 GiB between registered buffers. The
+//! floor is a bare TCP stream between the same two processes, into the
+//! same memory, taking turns with the transfers (see `dataplane.rs`).
+//! Matmul is `monarch_tensor::Tensor::matmul` on random tensors, `2 N^3`
+//! flops a product.
+//!
+//! | metric | what | unit |
+//! | --- | --- | --- |
+//! | `raw_tcp_gbps` | floor: 1 GiB through one loopback TCP connection to the worker (one `write_all`, one `read_exact` into the worker's buffer, a one-byte answer), blocking std sockets; median of 7 turns after 1 | Gbit/s |
+//! | `rdma_tcp_gbps` | 1 GiB one-sided WRITE (`write_from`) into the worker's buffer, TCP backend; median, in turns with the floor | Gbit/s |
+//! | `rdma_tcp_read_gbps` | 1 GiB one-sided READ (`read_into`) of the worker's buffer into this process's | Gbit/s |
+//! | `matmul_gflops` | CPU f32 `[1024, 1024] x [1024, 1024]`, median of 7 after 1 | GFLOP/s |
+//! | `matmul_f64_gflops` | the same in f64 | GFLOP/s |
+//! | `matmul_floor_gflops` | a naive `i-k-j` loop on f32 at N = 256: what the obvious code gets on this machine | GFLOP/s |
+//! | `cuda_matmul_gflops` | only with the `cuda` feature and a GPU: f32 at N = 4096 on `cuda:0` (cuBLAS), 8 products a sample, median of 7; otherwise skipped with a line on stderr | GFLOP/s |
+//! | `tensor_allreduce_gbps` | not measured yet: comes with the sharded-tensor layer (`monarch_tensor::mesh`) | Gbit/s |
+//!
+//! Read `rdma_tcp_gbps` against `raw_tcp_gbps` (the target is at least
+//! 0.8 x; the log prints the ratio). The TCP backend moves chunks on up
+//! to 4 connections at once, so it can beat the single bare stream. About
+//! 15 s on two cores (3 GiB resident across the two processes); `--quick`
+//! moves 64 MiB, multiplies at N = 256 and takes a few seconds.
 
 mod controller;
+mod dataplane;
 mod driver;
 mod guest;
 mod mesh;
@@ -154,7 +183,10 @@ Examples:
                                    in the same run (records with a \"peer\" field; needs
                                    target/peers-venv, see --help of mesh)
   monarch-bench serve              the HTTP server: uploads, submit to first log, jobs/s (about
-                                   8 s; needs the example programs, built as for mesh)";
+                                   8 s; needs the example programs, built as for mesh)
+  monarch-bench dataplane          1 GiB between two processes through monarch-rdma's TCP
+                                   backend next to a bare TCP stream, and tensor matmul GFLOP/s
+                                   (about 15 s; --quick moves 64 MiB)";
 
 /// Benchmarks of monarch-host, each read against a floor measured in the same run.
 #[derive(Debug, Parser)]
@@ -220,6 +252,18 @@ enum Suite {
     /// About 8 s on 2 cores.
     Serve(serve::ServeArgs),
 
+    /// Bulk bytes between two processes through monarch-rdma (TCP backend),
+    /// next to a bare loopback TCP stream between the same processes (the
+    /// floor), and matmul throughput of monarch-tensor.
+    ///
+    /// Metrics: raw_tcp_gbps (the floor), rdma_tcp_gbps (one-sided WRITE),
+    /// rdma_tcp_read_gbps (one-sided READ), each 1 GiB, median of 7 turns
+    /// (Gbit/s); matmul_gflops, matmul_f64_gflops (CPU, N = 1024),
+    /// matmul_floor_gflops (naive loop, N = 256), and with the `cuda`
+    /// feature and a GPU cuda_matmul_gflops (f32, N = 4096), all GFLOP/s.
+    /// About 15 s on 2 cores.
+    Dataplane(dataplane::DataplaneArgs),
+
     /// A proc of the mesh and serve suites, as `monarch-host bootstrap`: started by the
     /// suite itself, configured through the environment.
     #[command(hide = true)]
@@ -241,6 +285,16 @@ enum Suite {
         /// Busy-poll window of the proc's connections, in microseconds.
         #[arg(long, default_value_t = DEFAULT_BUSY_POLL_US)]
         busy_poll_us: u64,
+    },
+
+    /// Worker process of the dataplane suite: registers a buffer of BYTES
+    /// bytes, prints `READY <handle hex> <sink address>`, exits when stdin
+    /// closes.
+    #[command(hide = true, name = "dataplane-worker")]
+    DataplaneWorker {
+        /// Length of the buffer.
+        #[arg(long)]
+        bytes: usize,
     },
 
     /// Raw floor of the runtime suite: a blocking echo server at ADDR;
@@ -340,6 +394,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         // Before any runtime: it sets the compile cache's directory.
         Suite::Serve(args) => serve::main(args),
+        Suite::Dataplane(args) => dataplane::main(args),
+        Suite::DataplaneWorker { bytes } => dataplane::serve_worker(bytes),
         Suite::Bootstrap => bootstrap(),
         Suite::Worker {
             addr,

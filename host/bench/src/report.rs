@@ -42,14 +42,52 @@ impl Unit {
     }
 }
 
+/// Units of bulk throughput, for the data plane. Apart from [`Unit`] so
+/// that the suites that match on every [`Unit`] need not know them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rate {
+    /// Gigabits (10^9 bits) per second, for bytes moved.
+    Gbps,
+    /// Billions of floating-point operations per second, for matmul.
+    Gflops,
+}
+
+impl Rate {
+    /// The unit as written in a record.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rate::Gbps => "Gbit/s",
+            Rate::Gflops => "GFLOP/s",
+        }
+    }
+
+    /// Rounds a value to the precision worth printing: two decimals.
+    fn round(self, value: f64) -> f64 {
+        (value * 100.0).round() / 100.0
+    }
+}
+
 /// Writes one record to stdout and flushes it, so that a reader sees each
 /// figure as soon as it is measured.
 pub fn emit(suite: &str, metric: &str, value: f64, unit: Unit) -> anyhow::Result<()> {
-    let rounded = unit.round(value);
+    write_record(suite, metric, value, unit.round(value), unit.as_str())
+}
+
+/// [`emit`] for a figure in a [`Rate`] unit.
+pub fn emit_rate(suite: &str, metric: &str, value: f64, unit: Rate) -> anyhow::Result<()> {
+    write_record(suite, metric, value, unit.round(value), unit.as_str())
+}
+
+fn write_record(
+    suite: &str,
+    metric: &str,
+    value: f64,
+    rounded: f64,
+    unit: &str,
+) -> anyhow::Result<()> {
     anyhow::ensure!(
         rounded.is_finite() && rounded > 0.0,
-        "{metric} measured {value} {}, which is not a positive time or rate",
-        unit.as_str()
+        "{metric} measured {value} {unit}, which is not a positive time or rate",
     );
     let record = record(suite, metric, rounded, unit);
     let mut stdout = std::io::stdout().lock();
@@ -60,14 +98,14 @@ pub fn emit(suite: &str, metric: &str, value: f64, unit: Unit) -> anyhow::Result
 
 /// One record as a JSON line, fields in the documented order (suite,
 /// metric, value, unit), which `serde_json`'s maps would sort.
-fn record(suite: &str, metric: &str, value: f64, unit: Unit) -> String {
+fn record(suite: &str, metric: &str, value: f64, unit: &str) -> String {
     let text = |s: &str| serde_json::Value::from(s).to_string();
     format!(
         "{{\"suite\":{},\"metric\":{},\"value\":{},\"unit\":{}}}",
         text(suite),
         text(metric),
         serde_json::Value::from(value),
-        text(unit.as_str())
+        text(unit)
     )
 }
 
@@ -137,18 +175,37 @@ mod tests {
     fn units_round_to_what_is_worth_printing() {
         assert_eq!(Unit::Micros.round(14.236), 14.24);
         assert_eq!(Unit::CallsPerSec.round(1234.6), 1235.0);
+        assert_eq!(Rate::Gbps.round(14.356), 14.36);
+        assert_eq!(Rate::Gflops.round(103.114), 103.11);
+    }
+
+    #[test]
+    fn rates_of_bytes_and_flops_have_their_units() {
+        let line = record("dataplane", "raw_tcp_gbps", 14.36, Rate::Gbps.as_str());
+        assert_eq!(
+            line,
+            r#"{"suite":"dataplane","metric":"raw_tcp_gbps","value":14.36,"unit":"Gbit/s"}"#
+        );
+        let line = record("dataplane", "matmul_gflops", 103.11, Rate::Gflops.as_str());
+        assert!(line.ends_with(r#""unit":"GFLOP/s"}"#), "{line}");
+        assert!(emit_rate("t", "m", 0.001, Rate::Gbps).is_err());
     }
 
     #[test]
     fn records_are_json_in_the_documented_order() {
-        let line = record("runtime", "ipc_call_rtt_us", 14.2, Unit::Micros);
+        let line = record("runtime", "ipc_call_rtt_us", 14.2, Unit::Micros.as_str());
         assert_eq!(
             line,
             r#"{"suite":"runtime","metric":"ipc_call_rtt_us","value":14.2,"unit":"us"}"#
         );
         let parsed: serde_json::Value = serde_json::from_str(&line).unwrap();
         assert_eq!(parsed["value"], 14.2);
-        let rate = record("runtime", "ipc_calls_per_s", 141678.0, Unit::CallsPerSec);
+        let rate = record(
+            "runtime",
+            "ipc_calls_per_s",
+            141678.0,
+            Unit::CallsPerSec.as_str(),
+        );
         assert!(
             rate.contains(r#""value":141678.0,"unit":"calls/s""#),
             "{rate}"
@@ -160,5 +217,6 @@ mod tests {
         assert!(emit("t", "m", 0.0, Unit::Micros).is_err());
         assert!(emit("t", "m", f64::NAN, Unit::Micros).is_err());
         assert!(emit("t", "m", f64::INFINITY, Unit::CallsPerSec).is_err());
+        assert!(emit_rate("t", "m", f64::NAN, Rate::Gflops).is_err());
     }
 }

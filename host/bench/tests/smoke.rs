@@ -41,6 +41,17 @@ const SERVE_METRICS: [(&str, &str); 7] = [
     ("http_rtt_us", "us"),
 ];
 
+/// Every metric of the dataplane suite, with its unit, but
+/// `cuda_matmul_gflops` (only with the `cuda` feature and a GPU).
+const DATAPLANE_METRICS: [(&str, &str); 6] = [
+    ("raw_tcp_gbps", "Gbit/s"),
+    ("rdma_tcp_gbps", "Gbit/s"),
+    ("rdma_tcp_read_gbps", "Gbit/s"),
+    ("matmul_gflops", "GFLOP/s"),
+    ("matmul_f64_gflops", "GFLOP/s"),
+    ("matmul_floor_gflops", "GFLOP/s"),
+];
+
 /// Runs the binary with `args`, killing it if it runs past `limit`.
 fn run(args: &[&str], limit: Duration) -> Output {
     let mut child = Command::new(BIN)
@@ -214,6 +225,37 @@ fn serve_quick_prints_each_metric_once_as_json_and_nothing_else() {
 }
 
 #[test]
+fn dataplane_quick_prints_each_metric_once_as_json_and_nothing_else() {
+    let started = Instant::now();
+    let output = run(&["dataplane", "--quick"], Duration::from_secs(120));
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let gpu = monarch_tensor::cuda_device_count().is_ok_and(|count| count > 0);
+    let mut metrics = DATAPLANE_METRICS.to_vec();
+    if gpu {
+        metrics.push(("cuda_matmul_gflops", "GFLOP/s"));
+    }
+    assert_records(output, "dataplane", &metrics);
+    // The log says how the transfers compare with the floor, and why there
+    // is no CUDA figure (RUST_LOG could hide both).
+    if std::env::var_os("RUST_LOG").is_none() {
+        assert!(stderr.contains("rdma_tcp_gbps / raw_tcp_gbps"), "{stderr}");
+        if !gpu {
+            assert!(
+                stderr.contains("cuda_matmul_gflops not measured"),
+                "{stderr}"
+            );
+        }
+    }
+    // 64 MiB three ways a few times between two processes, and small
+    // matmuls; a smoke run that gets slow is a regression worth seeing.
+    assert!(
+        took < Duration::from_secs(30),
+        "dataplane --quick took {took:?}"
+    );
+}
+
+#[test]
 fn an_unknown_suite_fails_with_a_message_and_no_records() {
     let output = run(&["no-such-suite"], Duration::from_secs(30));
     assert!(!output.status.success());
@@ -243,7 +285,9 @@ fn help_names_the_suites_and_hides_the_worker_modes() {
     assert!(help.contains("JSON"), "{help}");
     assert!(help.contains("mesh"), "{help}");
     assert!(help.contains("serve"), "{help}");
+    assert!(help.contains("dataplane"), "{help}");
     assert!(!help.contains("raw-echo"), "{help}");
+    assert!(!help.contains("dataplane-worker"), "{help}");
     assert!(!help.contains("bootstrap"), "{help}");
 }
 
