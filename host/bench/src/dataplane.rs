@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail, ensure};
 use clap::Args;
 use monarch_rdma::{BackendKind, Buffer, BufferHandle, RdmaConfig, RdmaManager, Region};
-use monarch_tensor::{DType, Device, Tensor};
+use monarch_tensor::{DType, Device};
 use tokio::runtime::Runtime;
 
 use crate::report::{Rate, Spread, emit_rate, median};
@@ -503,7 +503,7 @@ fn matmuls(s: &Settings) -> anyhow::Result<()> {
     let n = s.matmul_n;
     let f32s = matmul_samples(n, s.matmul_reps, 1, DType::F32, Device::Cpu)?;
     let f64s = matmul_samples(n, s.matmul_reps, 1, DType::F64, Device::Cpu)?;
-    let floor = naive_matmul_samples(FLOOR_N, s.floor_reps);
+    let floor = monarch_tensor::throughput::naive_matmul_gflops(FLOOR_N, s.floor_reps);
     log_runs("matmul_gflops", &f32s, "GFLOP/s");
     log_runs("matmul_f64_gflops", &f64s, "GFLOP/s");
     log_runs("matmul_floor_gflops", &floor, "GFLOP/s");
@@ -547,10 +547,7 @@ fn matmuls(s: &Settings) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// GFLOP/s of `reps` timed samples, each `products` products of two
-/// random `n x n` tensors, after one untimed sample. A sample ends when one
-/// element of the last product is read back, which waits for a device's
-/// queued work (and costs nothing on the CPU).
+/// [`monarch_tensor::throughput::matmul_gflops`], with its error as anyhow's.
 fn matmul_samples(
     n: usize,
     reps: usize,
@@ -558,49 +555,8 @@ fn matmul_samples(
     dtype: DType,
     device: Device,
 ) -> anyhow::Result<Vec<f64>> {
-    let a = Tensor::rand_uniform(&[n, n], -1.0, 1.0, 1, dtype, device)?;
-    let b = Tensor::rand_uniform(&[n, n], -1.0, 1.0, 2, dtype, device)?;
-    let flops = 2.0 * (n as f64).powi(3) * products as f64;
-    let sample = || -> anyhow::Result<f64> {
-        let started = Instant::now();
-        let mut last = None;
-        for _ in 0..products {
-            last = Some(a.matmul(&b)?);
-        }
-        let c = last.context("no product")?;
-        let corner = c.narrow(0, 0, 1)?.narrow(1, 0, 1)?.to_scalar()?;
-        let took = started.elapsed();
-        ensure!(corner.is_finite(), "the product holds {corner}");
-        Ok(flops / took.as_secs_f64() / 1e9)
-    };
-    sample()?;
-    (0..reps).map(|_| sample()).collect()
-}
-
-/// GFLOP/s of the obvious `i-k-j` loop on f32, `reps` runs after one.
-fn naive_matmul_samples(n: usize, reps: usize) -> Vec<f64> {
-    let a: Vec<f32> = (0..n * n).map(|i| (i % 7) as f32 - 3.0).collect();
-    let b: Vec<f32> = (0..n * n).map(|i| (i % 5) as f32 - 2.0).collect();
-    let flops = 2.0 * (n as f64).powi(3);
-    let mut samples = Vec::with_capacity(reps);
-    for rep in 0..=reps {
-        let started = Instant::now();
-        let mut c = vec![0.0f32; n * n];
-        for i in 0..n {
-            for p in 0..n {
-                let aip = a[i * n + p];
-                let (c_row, b_row) = (&mut c[i * n..(i + 1) * n], &b[p * n..(p + 1) * n]);
-                for (c_ij, &b_pj) in c_row.iter_mut().zip(b_row) {
-                    *c_ij += aip * b_pj;
-                }
-            }
-        }
-        std::hint::black_box(&c);
-        if rep > 0 {
-            samples.push(flops / started.elapsed().as_secs_f64() / 1e9);
-        }
-    }
-    samples
+    monarch_tensor::throughput::matmul_gflops(n, reps, products, dtype, device)
+        .map_err(|e| anyhow::anyhow!(e))
 }
 
 /// Logs each run of a rate and their spread.

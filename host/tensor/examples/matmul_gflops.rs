@@ -16,9 +16,8 @@
 //!
 //! GFLOP/s counts `2 N^3` floating-point operations per product.
 
-use std::time::Instant;
-
-use monarch_tensor::{DType, Device, Tensor};
+use monarch_tensor::throughput::{matmul_gflops, naive_matmul_gflops};
+use monarch_tensor::{DType, Device};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -35,52 +34,6 @@ fn report(metric: &str, samples: Vec<f64>) {
     println!(
         "{{\"suite\":\"tensor\",\"metric\":\"{metric}\",\"value\":{med:.3},\"unit\":\"GFLOP/s\"}}"
     );
-}
-
-/// GFLOP/s of `reps` timed products of random `n x n` matrices after one warm-up.
-fn measure(n: usize, reps: usize, dtype: DType, device: Device) -> Result<Vec<f64>, String> {
-    let a =
-        Tensor::rand_uniform(&[n, n], -1.0, 1.0, 1, dtype, device).map_err(|e| e.to_string())?;
-    let b =
-        Tensor::rand_uniform(&[n, n], -1.0, 1.0, 2, dtype, device).map_err(|e| e.to_string())?;
-    let flops = 2.0 * (n as f64).powi(3);
-    let run = || -> Result<f64, String> {
-        let start = Instant::now();
-        let c = a.matmul(&b).map_err(|e| e.to_string())?;
-        // Reading one element waits for a device's queued work; free on the CPU.
-        c.narrow(0, 0, 1)
-            .and_then(|r| r.narrow(1, 0, 1))
-            .and_then(|e| e.to_scalar())
-            .map_err(|e| e.to_string())?;
-        Ok(flops / start.elapsed().as_secs_f64() / 1e9)
-    };
-    run()?;
-    (0..reps).map(|_| run()).collect()
-}
-
-fn naive_floor(n: usize, reps: usize) -> Vec<f64> {
-    let a: Vec<f32> = (0..n * n).map(|i| (i % 7) as f32 - 3.0).collect();
-    let b: Vec<f32> = (0..n * n).map(|i| (i % 5) as f32 - 2.0).collect();
-    let flops = 2.0 * (n as f64).powi(3);
-    let mut samples = Vec::new();
-    for rep in 0..=reps {
-        let start = Instant::now();
-        let mut c = vec![0.0f32; n * n];
-        for i in 0..n {
-            for p in 0..n {
-                let aip = a[i * n + p];
-                let (c_row, b_row) = (&mut c[i * n..(i + 1) * n], &b[p * n..(p + 1) * n]);
-                for (c_ij, &b_pj) in c_row.iter_mut().zip(b_row) {
-                    *c_ij += aip * b_pj;
-                }
-            }
-        }
-        std::hint::black_box(&c);
-        if rep > 0 {
-            samples.push(flops / start.elapsed().as_secs_f64() / 1e9);
-        }
-    }
-    samples
 }
 
 fn main() -> Result<(), String> {
@@ -101,18 +54,21 @@ fn main() -> Result<(), String> {
         return Err("N and REPS must be positive".into());
     }
     eprintln!("CPU matmul, N = {n}, {reps} repetitions after one warm-up");
-    report("matmul_gflops", measure(n, reps, DType::F32, Device::Cpu)?);
+    report(
+        "matmul_gflops",
+        matmul_gflops(n, reps, 1, DType::F32, Device::Cpu)?,
+    );
     report(
         "matmul_f64_gflops",
-        measure(n, reps, DType::F64, Device::Cpu)?,
+        matmul_gflops(n, reps, 1, DType::F64, Device::Cpu)?,
     );
-    report("matmul_floor_gflops", naive_floor(256, reps));
+    report("matmul_floor_gflops", naive_matmul_gflops(256, reps));
     match monarch_tensor::cuda_device_count() {
         Ok(count) if count > 0 => {
             eprintln!("CUDA matmul on cuda:0, N = 4096");
             report(
                 "cuda_matmul_gflops",
-                measure(4096, reps, DType::F32, Device::Cuda(0))?,
+                matmul_gflops(4096, reps, 1, DType::F32, Device::Cuda(0))?,
             );
         }
         Ok(_) => eprintln!("no CUDA device: cuda_matmul_gflops not measured"),

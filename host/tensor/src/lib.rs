@@ -107,6 +107,7 @@ mod ops;
 mod rng;
 mod shape;
 mod tensor;
+pub mod throughput;
 
 pub use device::Device;
 pub use dtype::{DType, Element};
