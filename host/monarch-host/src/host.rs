@@ -67,7 +67,8 @@ pub trait MeshObserver: Send + Sync {
     fn actors_spawned(&self, name: &str, class: &str, procs: &[ProcId], per_proc: u32);
     /// The actor mesh `name` was stopped.
     fn actors_stopped(&self, name: &str);
-    /// A proc or actor of the run's mesh client failed or stopped.
+    /// A proc or actor of the run's fresh mesh failed or stopped (a
+    /// persistent mesh's events go to its owner, not through here).
     fn mesh_event(&self, event: &MeshEvent);
 }
 

@@ -215,8 +215,13 @@ impl Prepared {
                 .map_err(RunError::Host)?,
         };
         cluster.set_client(client.clone());
-        // The observer hears what happens to the procs and actors.
-        let watcher = cluster.job.observer.clone().map(|observer| {
+        // The observer hears what happens to the procs and actors of a
+        // fresh mesh; a persistent mesh's owner watches it for every job.
+        let fresh_observer = match cluster.job.attached {
+            None => cluster.job.observer.clone(),
+            Some(_) => None,
+        };
+        let watcher = fresh_observer.map(|observer| {
             let mut events = client.subscribe();
             tokio::spawn(async move {
                 while let Some(event) = events.recv().await {
