@@ -60,6 +60,11 @@
 //!   work requests with the handle's address and rkey. It has not run on
 //!   RDMA hardware (none was available); see `docs/rdma.md`.
 //!
+//! - [`mesh`]: buffers on the procs of a mesh, for a controller: one
+//!   manager per process ([`mesh::process_manager`]), an rdma actor per
+//!   proc (kind [`mesh::RDMA_KIND`]) and [`mesh::RdmaMesh`] on the
+//!   controller (alloc, write, read, read-into, write-from, free).
+//!
 //! Every transfer ends with the bytes moved or an [`RdmaError`] within its
 //! timeout ([`RdmaConfig::op_timeout`], or per transfer with
 //! [`RdmaManager::transfer`]).
@@ -102,6 +107,7 @@ mod error;
 mod handle;
 mod ibverbs;
 mod manager;
+pub mod mesh;
 mod region;
 mod registry;
 mod tcp;
