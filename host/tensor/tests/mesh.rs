@@ -565,3 +565,139 @@ async fn data_parallel_linear_regression_on_4_procs() {
     assert_close(&w_final, &w_ref, 1e-4, "w against the local run");
     mesh.stop().await;
 }
+
+#[tokio::test]
+async fn send_shard_moves_one_ranks_shard_into_another_ranks_through_rdma() {
+    let (_client, mut mesh) = mesh(4, &[("dp", 4)]).await;
+    let (f32s, cpu) = (DType::F32, Device::Cpu);
+    let init = Init::Uniform {
+        low: -1.0,
+        high: 1.0,
+        seed: 5,
+    };
+    let a = mesh.create(init, &[8, 3], f32s, cpu, ROWS0);
+    let b = mesh.create(Init::Zeros, &[8, 3], f32s, cpu, ROWS0);
+    mesh.send_shard(&a, 0, &b, 3).await.unwrap();
+    let sent = mesh.fetch_shard(&a, 0).await.unwrap();
+    assert_eq!(
+        mesh.fetch_shard(&b, 3)
+            .await
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap(),
+        sent.to_vec::<f32>().unwrap()
+    );
+    for rank in 0..3 {
+        let other = mesh.fetch_shard(&b, rank).await.unwrap();
+        assert_eq!(other.to_vec::<f32>().unwrap(), vec![0.0; 6], "rank {rank}");
+    }
+    // The source was given back: ops read it on rank 0 as before.
+    let doubled = mesh.scalar(BinaryOp::Mul, &a, 2.0);
+    let expected = sent.mul_scalar(2.0).unwrap();
+    assert_close(
+        &mesh.fetch_shard(&doubled, 0).await.unwrap(),
+        &expected,
+        0.0,
+        "2a",
+    );
+
+    // Shapes may differ when the bytes agree: a replicated [6] into rank
+    // 1's [2, 3] block; and within one rank.
+    let values: Vec<f32> = (0..6).map(|i| i as f32 + 0.5).collect();
+    let flat = mesh
+        .upload(
+            &Tensor::from_vec(values.clone(), &[6]).unwrap(),
+            Sharding::Replicate,
+        )
+        .await
+        .unwrap();
+    mesh.send_shard(&flat, 2, &b, 1).await.unwrap();
+    assert_eq!(
+        mesh.fetch_shard(&b, 1)
+            .await
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap(),
+        values
+    );
+    mesh.send_shard(&b, 1, &a, 1).await.unwrap();
+    assert_eq!(
+        mesh.fetch_shard(&a, 1)
+            .await
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap(),
+        values
+    );
+    // A shard into itself changes nothing.
+    mesh.send_shard(&a, 1, &a, 1).await.unwrap();
+    mesh.sync(&[&a, &b, &flat]).await.unwrap();
+    mesh.stop().await;
+}
+
+#[tokio::test]
+async fn send_shard_refuses_mismatched_shards_and_reports_poisoned_sources() {
+    let (_client, mut mesh) = mesh(4, &[("dp", 4)]).await;
+    let cpu = Device::Cpu;
+    let a = mesh.create(Init::Ones, &[8, 3], DType::F32, cpu, ROWS0);
+    let wide = mesh.create(Init::Ones, &[8, 4], DType::F32, cpu, ROWS0);
+    let error = mesh.send_shard(&a, 0, &wide, 3).await.unwrap_err();
+    let MeshError::Invalid(text) = &error else {
+        panic!("not refused: {error}")
+    };
+    assert!(
+        text.contains("[2, 3] (24 bytes)") && text.contains("[2, 4] (32 bytes)"),
+        "names both shapes: {text}"
+    );
+    let doubles = mesh.create(Init::Ones, &[8, 3], DType::F64, cpu, ROWS0);
+    let halves = mesh.create(Init::Ones, &[4, 3], DType::F64, cpu, ROWS0);
+    let error = mesh.send_shard(&halves, 0, &a, 1).await.unwrap_err();
+    assert!(
+        matches!(&error, MeshError::Invalid(t) if t.contains("f64") && t.contains("f32")),
+        "same bytes, other dtype: {error}"
+    );
+    let error = mesh.send_shard(&a, 0, &doubles, 4).await.unwrap_err();
+    assert!(
+        error.to_string().contains("rank 4 is out of range"),
+        "{error}"
+    );
+
+    // Poisoned by the controller: reported, nothing sent.
+    let bad = mesh.binary(BinaryOp::Add, &a, &wide);
+    let error = mesh.send_shard(&bad, 0, &a, 3).await.unwrap_err();
+    let MeshError::Poisoned { id, rank: None, .. } = &error else {
+        panic!("not the controller's poison: {error}")
+    };
+    assert_eq!(*id, bad.id());
+
+    // Poisoned on the worker: rank 0 reports it, the destination keeps its bytes.
+    let zeros = mesh.create(Init::Zeros, &[8], DType::I64, cpu, ROWS0);
+    let quotient = mesh.binary(BinaryOp::Div, &zeros, &zeros);
+    let target = mesh.create(Init::Full(7.0), &[8], DType::I64, cpu, ROWS0);
+    let error = mesh.send_shard(&quotient, 0, &target, 3).await.unwrap_err();
+    let MeshError::Poisoned {
+        id,
+        rank: Some(0),
+        reason,
+    } = &error
+    else {
+        panic!("not rank 0's poison: {error}")
+    };
+    assert_eq!(*id, quotient.id());
+    assert!(reason.contains("div"), "names the op: {reason}");
+    assert_eq!(
+        mesh.fetch_shard(&target, 3)
+            .await
+            .unwrap()
+            .to_vec::<i64>()
+            .unwrap(),
+        vec![7, 7]
+    );
+    // A poisoned destination is reported as such, and left poisoned.
+    let error = mesh.send_shard(&target, 0, &quotient, 3).await.unwrap_err();
+    assert!(
+        matches!(&error, MeshError::Poisoned { id, rank: Some(3), .. } if *id == quotient.id()),
+        "{error}"
+    );
+    mesh.sync(&[&a, &target]).await.unwrap();
+}

@@ -18,6 +18,8 @@ use super::sharding::{self, MeshShape, Meta, Sharding};
 use super::worker::TENSOR_KIND;
 use crate::{DType, Device, Tensor};
 
+mod send_shard;
+
 /// Why a mesh tensor operation failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum MeshError {

@@ -378,6 +378,69 @@ impl Command {
     }
 }
 
+/// The commands that move a shard between procs through RDMA buffers
+/// ([`super::TensorMesh::send_shard`]). They go to the same workers through
+/// the same casts as [`Command`]s, so they stay in order with ops.
+#[derive(Debug, Clone, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub enum ShardCommand {
+    /// Registers tensor `id`'s local shard with the process's RDMA manager
+    /// under `lease` and replies with the buffer handle's bytes. A CPU
+    /// shard is registered in place and held out of use until the
+    /// [`ShardCommand::Release`]; other shards are copied to the host first.
+    /// A poisoned or missing tensor replies its reason as an endpoint error.
+    Lend {
+        /// The tensor.
+        id: u64,
+        /// Names the registration for its release.
+        lease: u64,
+    },
+    /// Overwrites tensor `id`'s whole local shard, in place, with the bytes
+    /// of the buffer `handle` names (a one-sided READ, within `timeout_ms`);
+    /// replies empty, or the error (a failed read also poisons the tensor).
+    ReadInto {
+        /// The tensor written.
+        id: u64,
+        /// The source buffer's handle bytes.
+        handle: Vec<u8>,
+        /// How long the read may take, in milliseconds.
+        timeout_ms: u64,
+    },
+    /// Deregisters `lease` and puts its shard back; replies empty (also for
+    /// an unknown lease).
+    Release {
+        /// The registration.
+        lease: u64,
+    },
+}
+
+/// Every endpoint of [`ShardCommand`], in the order of its variants.
+pub const SHARD_ENDPOINTS: [&str; 3] = ["tensor.lend", "tensor.read_into", "tensor.release"];
+
+impl ShardCommand {
+    /// The endpoint this command is sent to.
+    pub fn endpoint(&self) -> &'static str {
+        let index = match self {
+            ShardCommand::Lend { .. } => 0,
+            ShardCommand::ReadInto { .. } => 1,
+            ShardCommand::Release { .. } => 2,
+        };
+        SHARD_ENDPOINTS[index]
+    }
+
+    /// The command's archive.
+    pub fn encode(&self) -> Vec<u8> {
+        // Serializing into a Vec cannot fail: it only grows the Vec.
+        rkyv::api::high::to_bytes_in::<_, rancor::Error>(self, Vec::with_capacity(512))
+            .unwrap_or_default()
+    }
+
+    /// Validates an archive and decodes it.
+    pub fn decode(bytes: &[u8]) -> Result<ShardCommand, String> {
+        <ShardCommand as RemoteMessage>::decode(bytes)
+            .map_err(|e| format!("the message is not a valid tensor shard command: {e}"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

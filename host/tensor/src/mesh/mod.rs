@@ -16,8 +16,13 @@
 //!   ([`TensorMesh::binary`], [`TensorMesh::matmul`]...) are casts in
 //!   broadcast mode that return at once, and every worker runs them in the
 //!   order they were sent (the casts' per-actor FIFO, CA-1). Only
-//!   [`TensorMesh::fetch`], [`TensorMesh::sync`], [`TensorMesh::upload`]
-//!   and [`TensorMesh::all_reduce`] wait.
+//!   [`TensorMesh::fetch`], [`TensorMesh::sync`], [`TensorMesh::upload`],
+//!   [`TensorMesh::all_reduce`] and [`TensorMesh::send_shard`] wait.
+//! - **Moving shards.** [`TensorMesh::send_shard`] copies one rank's shard
+//!   into another rank's, proc to proc through `monarch-rdma`: the source
+//!   worker registers its shard in place with the process's RDMA manager,
+//!   the destination worker READs it into its own shard's storage, and the
+//!   source takes it back ([`command::ShardCommand`], `worker/shard.rs`).
 //! - **Poisoning.** An op that fails on a worker (a shape mismatch, an
 //!   integer division by zero) stores its reason under its output id; an
 //!   op that reads a poisoned id poisons its output with the same reason,

@@ -29,6 +29,8 @@ use super::command::{ArchivedCommand, BinaryOp, Command, Init, UnaryOp};
 use super::sharding::{MeshShape, Sharding};
 use crate::{DType, Device, Tensor};
 
+mod shard;
+
 /// The actor kind of tensor workers in a [`Registry`].
 pub const TENSOR_KIND: &str = "tensor";
 
@@ -51,6 +53,8 @@ pub struct TensorWorker {
     rank: u32,
     mesh: MeshShape,
     tensors: HashMap<u64, Result<Tensor, String>>,
+    /// Shards registered for RDMA transfers, by lease ([`shard`]).
+    lent: HashMap<u64, shard::Lent>,
 }
 
 impl Actor for TensorWorker {
@@ -61,7 +65,10 @@ impl Actor for TensorWorker {
 
 impl Handler<MeshCall> for TensorWorker {
     async fn handle(&mut self, cx: &Context<Self>, call: MeshCall) -> anyhow::Result<()> {
-        let reply = self.call(&call.endpoint, &call.message);
+        let reply = match self.call_shard(&call.endpoint, &call.message).await {
+            Some(reply) => reply,
+            None => self.call(&call.endpoint, &call.message),
+        };
         if let Err(error) = &reply {
             tracing::debug!(actor = %cx.actor_id(), endpoint = %call.endpoint, %error, "tensor command refused");
         }
@@ -85,6 +92,7 @@ impl TensorWorker {
             rank,
             mesh,
             tensors: HashMap::new(),
+            lent: HashMap::new(),
         }
     }
 
