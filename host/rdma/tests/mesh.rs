@@ -284,3 +284,24 @@ async fn a_stopped_mesh_refuses_requests_and_a_foreign_proc_is_named() {
 async fn mesh_on_new_procs() -> (Arc<MeshClient>, RdmaMesh) {
     mesh(1).await
 }
+
+#[tokio::test]
+async fn stopping_a_mesh_frees_the_buffers_its_actors_allocated() {
+    let (client, procs) = procs(1).await;
+    let first = RdmaMesh::spawn(client.clone(), &procs).await.unwrap();
+    let second = RdmaMesh::spawn(client.clone(), &procs).await.unwrap();
+    let kept = second.alloc(0, 4).await.unwrap();
+    let gone = first.alloc(0, 4).await.unwrap();
+    assert_eq!(second.read(&gone, 0, 4).await.unwrap(), vec![0; 4]);
+    first.stop().await;
+    let error = second.read(&gone, 0, 4).await.unwrap_err();
+    assert!(
+        error.to_string().contains(&format!(
+            "buffer {} is not allocated on this proc",
+            gone.id()
+        )),
+        "{error}"
+    );
+    second.write(&kept, 0, b"live").await.unwrap();
+    assert_eq!(second.read(&kept, 0, 4).await.unwrap(), b"live");
+}
