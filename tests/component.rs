@@ -200,6 +200,135 @@ fn counter() {
     run.assert_logged("a new mesh on the same procs sums to 300");
 }
 
+/// The losses of data-parallel's `step N loss X` lines, in order, checking
+/// that the steps are numbered 1, 2, ...
+fn losses(lines: &[&str]) -> Vec<f64> {
+    lines
+        .iter()
+        .enumerate()
+        .map(|(i, line)| {
+            let rest = line
+                .split(&format!("step {} loss ", i + 1))
+                .nth(1)
+                .unwrap_or_else(|| panic!("line {i} is not step {}: {line:?}", i + 1));
+            rest.trim()
+                .parse()
+                .unwrap_or_else(|e| panic!("{rest:?} is not a loss: {e}"))
+        })
+        .collect()
+}
+
+/// data-parallel: 20 steps of linear regression on 4 procs, each printing
+/// `step N loss X`; the loss falls every step, by orders of magnitude, and
+/// the learned weights match the true ones.
+#[test]
+fn data_parallel() {
+    let run = run(Path::new(env!("GUEST_DATA_PARALLEL")), &[], sandbox());
+    run.assert_ok();
+    let losses = losses(&run.lines_with("] step "));
+    assert_eq!(losses.len(), 20, "{:#?}", run.lines);
+    for pair in losses.windows(2) {
+        assert!(
+            pair[1] < pair[0],
+            "the loss must fall every step: {losses:?}"
+        );
+    }
+    assert!(losses[19] < losses[0] * 1e-9, "{losses:?}");
+    run.assert_logged("split by rows over 4 procs");
+    run.assert_logged("the loss fell every step");
+    let within = run.lines_with("learned w is within");
+    let error: f64 = within
+        .first()
+        .and_then(|line| line.split("within ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|number| number.parse().ok())
+        .unwrap_or_else(|| panic!("no error figure in {within:?}"));
+    assert!(error < 1e-3, "w is {error} away from the true w");
+}
+
+/// data-parallel's arguments: other sizes train too, and a bad argument or
+/// a CUDA device on a build without CUDA ends the run with an error that
+/// says why, not a hang or a trap.
+#[test]
+fn data_parallel_arguments() {
+    let path = Path::new(env!("GUEST_DATA_PARALLEL"));
+    let small = run(
+        path,
+        &["--procs", "2", "--steps", "5", "--rows", "64"],
+        sandbox(),
+    );
+    small.assert_ok();
+    assert_eq!(losses(&small.lines_with("] step ")).len(), 5);
+    small.assert_logged("split by rows over 2 procs");
+    let bogus = run(path, &["--bogus"], sandbox());
+    let error = format!("{:?}", bogus.result);
+    assert!(error.contains("unknown argument `--bogus`"), "{error}");
+    let too_few = run(path, &["--rows", "2"], sandbox());
+    let error = format!("{:?}", too_few.result);
+    assert!(error.contains("must be at least --procs"), "{error}");
+    // This crate builds monarch-host without its `cuda` feature.
+    let cuda = run(path, &["--device", "cuda"], sandbox());
+    let error = format!("{:?}", cuda.result);
+    assert!(error.contains("no CUDA backend"), "{error}");
+    assert!(
+        error.contains("step 1"),
+        "the error names the step: {error}"
+    );
+}
+
+/// dataplane: the `tensor` and `rdma` interfaces end to end on a 2 x 2
+/// mesh, results and errors; each check logs `ok: <name>`.
+#[test]
+fn dataplane() {
+    let run = run(Path::new(env!("GUEST_DATAPLANE")), &[], sandbox());
+    run.assert_ok();
+    for check in DATAPLANE_CHECKS {
+        run.assert_logged(&format!("ok: {check}"));
+    }
+    run.assert_logged("all checks passed");
+}
+
+/// What `dataplane` checks, by the names it logs.
+const DATAPLANE_CHECKS: &[&str] = &[
+    "a fetch returns every element",
+    "shardings hold the same global tensor",
+    "fetch-shard returns each rank's block",
+    "scalar and elementwise ops",
+    "unary ops",
+    "matmul and transpose",
+    "sum to one value",
+    "xᵀx of row blocks is partial",
+    "an all-reduce replicates",
+    "the all-reduced sum is xᵀx",
+    "axpy after an all-reduce sees the sum",
+    "a 2.4 MB tensor from bytes",
+    "send-shard copies one rank's shard into another's",
+    "send-shard of unequal shards is refused",
+    "a shape mismatch poisons the result",
+    "and what is computed from it",
+    "a rank's failure poisons the result and names the op",
+    "an unknown mesh dimension in a sharding",
+    "an all-reduce over an unknown dimension",
+    "a fetch from a rank out of range",
+    "bytes that do not fill the shape",
+    "a fetch as the wrong dtype",
+    "operands of two engines",
+    "the engine carries on after errors",
+    "sync",
+    "a buffer has its size",
+    "read-into copies proc to proc",
+    "write-from copies proc to proc",
+    "a reference names the same buffer",
+    "transfers between buffers of different sizes",
+    "a read past the end",
+    "a write past the end",
+    "an allocation on a rank out of range",
+    "a reference that is not one",
+    "a freed buffer cannot be read",
+    "nor read from by another proc",
+    "other buffers live on",
+];
+
 /// spin: a controller that never calls the host is stopped at the run's
 /// deadline, not before and not long after, with an error that names the
 /// deadline. (The deadline starts once the program is compiled, so the
@@ -531,6 +660,8 @@ fn cli_runs_the_examples_across_processes() {
             env!("GUEST_COUNTER"),
             "a new mesh on the same procs sums to 300",
         ),
+        (env!("GUEST_DATA_PARALLEL"), "the loss fell every step"),
+        (env!("GUEST_DATAPLANE"), "all checks passed"),
     ] {
         let out = monarch_host_env(
             &[program, "--procs", "8"],

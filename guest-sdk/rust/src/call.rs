@@ -22,7 +22,7 @@ use crate::{CallError, ValueMesh, codec};
 pub const NO_RANK: u32 = u32::MAX;
 
 /// The outcome of a request as its `done` event carries it.
-type Done = Result<wit::Reply, wit::CallError>;
+pub(crate) type Done = Result<wit::Reply, wit::CallError>;
 
 /// A request in flight; await it for the reply.
 ///
@@ -231,6 +231,11 @@ pub(crate) fn decode_raw(done: Done) -> Result<Vec<u8>, CallError> {
             "expected one reduced reply, the host gathered a value mesh".into(),
         )),
     }
+}
+
+/// Keeps only whether a request succeeded (its payload is empty).
+pub(crate) fn decode_unit(done: Done) -> Result<(), CallError> {
+    decode_raw(done).map(|_| ())
 }
 
 #[cfg(test)]

@@ -158,6 +158,8 @@ mod extent;
 pub mod log;
 mod mesh;
 mod program;
+pub mod rdma;
+pub mod tensor;
 mod value_mesh;
 
 /// The bindings that `wit-bindgen` generates for the world `program` of

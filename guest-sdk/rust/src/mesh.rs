@@ -58,6 +58,11 @@ pub struct ProcMesh {
 }
 
 impl ProcMesh {
+    /// The WIT resource, for the other interfaces that take a proc mesh.
+    pub(crate) fn raw(&self) -> &wit_mesh::ProcMesh {
+        &self.raw
+    }
+
     /// The mesh's shape.
     pub fn extent(&self) -> Extent {
         self.raw.extent().into()

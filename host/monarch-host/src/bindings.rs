@@ -13,6 +13,9 @@ wasmtime::component::bindgen!({
     with: {
         "monarch:host/mesh.proc-mesh": crate::mesh::ProcMeshHandle,
         "monarch:host/mesh.actor-mesh": crate::mesh::ActorMeshHandle,
+        "monarch:host/tensor.engine": crate::tensor::EngineHandle,
+        "monarch:host/tensor.tensor": crate::tensor::TensorHandle,
+        "monarch:host/rdma.buffer": crate::rdma::BufferHandle,
     },
 });
 

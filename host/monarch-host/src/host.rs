@@ -32,6 +32,8 @@ use crate::mesh::{
     ActorMeshHandle, MeshBase, ProcMeshHandle, WasmSpawnParams, extent_size, slice, validate_extent,
 };
 
+mod data_plane;
+
 /// Where log lines of guests go.
 pub type LogSink = Arc<dyn Fn(&str) + Send + Sync>;
 
@@ -263,6 +265,12 @@ pub struct HostState {
     events: Option<mpsc::UnboundedReceiver<MeshEvent>>,
     /// The meshes this instance spawned, whose failures it hears of.
     spawned: Vec<Arc<MeshBase>>,
+    /// Where the data plane's waits (tensor fetches, RDMA transfers) post
+    /// their `done` events, and where `next-events` takes them from.
+    completions: mpsc::UnboundedSender<Event>,
+    completed: mpsc::UnboundedReceiver<Event>,
+    /// The RDMA actors of this instance's proc meshes, started on first use.
+    rdma: data_plane::RdmaMeshes,
     /// Set when the instance's actor is stopped: the guest traps at its
     /// next epoch tick or wait, even if it would never return.
     pub(crate) interrupt: Arc<std::sync::atomic::AtomicBool>,
@@ -306,6 +314,7 @@ impl HostState {
         let call_timeout = cluster.sandbox.call_timeout;
         let mut table = ResourceTable::new();
         table.set_max_capacity(MAX_RESOURCES);
+        let (completions, completed) = mpsc::unbounded_channel();
         HostState {
             wasi,
             table,
@@ -319,6 +328,9 @@ impl HostState {
             who,
             events: None,
             spawned: Vec::new(),
+            completions,
+            completed,
+            rdma: Default::default(),
             interrupt: Arc::default(),
         }
     }
@@ -571,6 +583,9 @@ impl mesh::Host for HostState {
         let spin_until = (now + EVENT_SPIN).min(until);
         loop {
             self.drain_mesh_events();
+            while let Ok(event) = self.completed.try_recv() {
+                self.ready.push_back(event);
+            }
             while let Some(outcome) = self.caster.try_next() {
                 self.take_outcome(outcome);
                 if self.ready.len() >= max {
@@ -602,6 +617,7 @@ impl mesh::Host for HostState {
                         None => std::future::pending().await,
                     }
                 } => self.take_mesh_event(event),
+                Some(event) = self.completed.recv() => self.ready.push_back(event),
                 _ = tokio::time::sleep_until(until.into()) => break,
             }
         }

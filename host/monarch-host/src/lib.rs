@@ -25,6 +25,8 @@ pub mod bindings;
 pub mod engine;
 pub mod host;
 pub mod mesh;
+pub mod rdma;
+pub mod tensor;
 pub mod wasm_actor;
 
 mod run;

@@ -220,6 +220,10 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
             })
         }),
     );
+    // Every proc can hold the shards of a program's tensor engines and its
+    // RDMA buffers.
+    monarch_tensor::mesh::register(&mut registry);
+    monarch_rdma::mesh::register(&mut registry);
     // A host compiles a program when it arrives, once for all its procs;
     // the process that runs the controller has compiled it already.
     if !compiled_here {

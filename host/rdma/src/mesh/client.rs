@@ -475,12 +475,13 @@ impl RdmaMesh {
         src: &RemoteBuffer,
         dst: &RemoteBuffer,
     ) -> Result<(), RdmaMeshError> {
-        check_sizes(self, src, dst)?;
+        check_sizes(src, dst)?;
         self.read_into_range(src, 0, dst, 0, src.len()).await
     }
 
     /// `dst`'s proc READs `len` bytes of `src` from `src_offset` into `dst`
-    /// at `dst_offset`.
+    /// at `dst_offset`. Only `dst` must be on this mesh: `src` may be any
+    /// buffer, of any mesh, whose handle this proc can reach.
     pub async fn read_into_range(
         &self,
         src: &RemoteBuffer,
@@ -489,7 +490,7 @@ impl RdmaMesh {
         dst_offset: u64,
         len: u64,
     ) -> Result<(), RdmaMeshError> {
-        let src_rank = self.rank_of(src)?;
+        let src_rank = src.rank();
         let rank = self.rank_of(dst)?;
         check_range(src_rank, src, src_offset, len)?;
         check_range(rank, dst, dst_offset, len)?;
@@ -520,12 +521,12 @@ impl RdmaMesh {
         dst: &RemoteBuffer,
         src: &RemoteBuffer,
     ) -> Result<(), RdmaMeshError> {
-        check_sizes(self, src, dst)?;
+        check_sizes(src, dst)?;
         self.write_from_range(dst, 0, src, 0, src.len()).await
     }
 
     /// `src`'s proc WRITEs `len` bytes of `src` from `src_offset` into
-    /// `dst` at `dst_offset`.
+    /// `dst` at `dst_offset`. Only `src` must be on this mesh.
     pub async fn write_from_range(
         &self,
         dst: &RemoteBuffer,
@@ -535,7 +536,7 @@ impl RdmaMesh {
         len: u64,
     ) -> Result<(), RdmaMeshError> {
         let rank = self.rank_of(src)?;
-        let dst_rank = self.rank_of(dst)?;
+        let dst_rank = dst.rank();
         check_range(rank, src, src_offset, len)?;
         check_range(dst_rank, dst, dst_offset, len)?;
         let command = RdmaCommand::WriteFrom {
@@ -674,19 +675,15 @@ fn check_range(
     }
 }
 
-fn check_sizes(
-    mesh: &RdmaMesh,
-    src: &RemoteBuffer,
-    dst: &RemoteBuffer,
-) -> Result<(), RdmaMeshError> {
+fn check_sizes(src: &RemoteBuffer, dst: &RemoteBuffer) -> Result<(), RdmaMeshError> {
     if src.len() == dst.len() {
         return Ok(());
     }
     Err(RdmaMeshError::SizeMismatch {
-        src_rank: mesh.rank_of(src)?,
+        src_rank: src.rank(),
         src: src.id(),
         src_len: src.len(),
-        dst_rank: mesh.rank_of(dst)?,
+        dst_rank: dst.rank(),
         dst: dst.id(),
         dst_len: dst.len(),
     })

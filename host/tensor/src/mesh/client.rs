@@ -438,6 +438,17 @@ impl TensorMesh {
         );
     }
 
+    /// A handle that is poisoned from the start with `reason`: nothing is
+    /// sent, and every op that reads it, and every wait on it, reports
+    /// `reason`. For layers above that find a request invalid before it
+    /// reaches the mesh (an unknown mesh dimension, a failed upload).
+    pub fn poisoned(&mut self, meta: Meta, reason: String) -> TensorRef {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.poisoned.insert(id, reason);
+        TensorRef { id, meta }
+    }
+
     /// Frees these tensors on every rank.
     pub fn drop(&mut self, tensors: &[&TensorRef]) {
         let ids: Vec<u64> = tensors.iter().map(|t| t.id).collect();
