@@ -50,6 +50,7 @@ use monarch_rdma::{BackendKind, Buffer, BufferHandle, RdmaConfig, RdmaManager, R
 use monarch_tensor::{DType, Device};
 use tokio::runtime::Runtime;
 
+use crate::allreduce::AllReduceSettings;
 use crate::report::{Rate, Spread, emit_rate, median};
 use crate::worker::{Flavor, Worker};
 
@@ -100,6 +101,8 @@ struct Settings {
     floor_reps: usize,
     /// Timed samples of the CUDA matmul, after one warm-up sample.
     cuda_reps: usize,
+    /// The all-reduce: bytes of f32 per rank, timed turns.
+    allreduce: AllReduceSettings,
 }
 
 impl Settings {
@@ -113,6 +116,10 @@ impl Settings {
                 matmul_reps: 3,
                 floor_reps: 3,
                 cuda_reps: 3,
+                allreduce: AllReduceSettings {
+                    bytes: 8 << 20,
+                    turns: 3,
+                },
             }
         } else {
             Settings {
@@ -123,6 +130,10 @@ impl Settings {
                 matmul_reps: 7,
                 floor_reps: 21,
                 cuda_reps: 7,
+                allreduce: AllReduceSettings {
+                    bytes: 64 << 20,
+                    turns: 7,
+                },
             }
         }
     }
@@ -139,7 +150,9 @@ pub fn main(args: DataplaneArgs) -> anyhow::Result<()> {
         "dataplane suite"
     );
     let rt = crate::worker::runtime(Flavor::MultiThread, THREADS)?;
-    let result = transfers(&rt, &settings).and_then(|()| matmuls(&settings));
+    let result = transfers(&rt, &settings)
+        .and_then(|()| matmuls(&settings))
+        .and_then(|()| crate::allreduce::run(&rt, SUITE, &settings.allreduce));
     rt.shutdown_timeout(Duration::from_secs(1));
     tracing::info!(
         seconds = format!("{:.1}", began.elapsed().as_secs_f64()),
@@ -560,7 +573,7 @@ fn matmul_samples(
 }
 
 /// Logs each run of a rate and their spread.
-fn log_runs(metric: &str, samples: &[f64], unit: &str) {
+pub(crate) fn log_runs(metric: &str, samples: &[f64], unit: &str) {
     let runs = samples
         .iter()
         .map(|v| format!("{v:.2}"))

@@ -146,6 +146,7 @@
 //! 15 s on two cores (3 GiB resident across the two processes); `--quick`
 //! moves 64 MiB, multiplies at N = 256 and takes a few seconds.
 
+mod allreduce;
 mod controller;
 mod dataplane;
 mod driver;
@@ -269,6 +270,25 @@ enum Suite {
     #[command(hide = true)]
     Bootstrap,
 
+    /// A proc of the dataplane suite's all-reduce, whose actors are tensor
+    /// workers: started by the suite itself, configured through the
+    /// environment.
+    #[command(hide = true, name = "tensor-bootstrap")]
+    TensorBootstrap,
+
+    /// Peer of the dataplane suite's all-reduce floor: connects to SOCKET,
+    /// prints `READY <socket>`, then sends BYTES and takes BYTES back on
+    /// every round; exits when the socket or stdin closes.
+    #[command(hide = true, name = "allreduce-floor-peer")]
+    AllreduceFloorPeer {
+        /// The suite's Unix socket.
+        #[arg(long)]
+        socket: std::path::PathBuf,
+        /// Bytes each way a round.
+        #[arg(long)]
+        bytes: usize,
+    },
+
     /// Worker process of the runtime suite: serves a proc with an echo actor
     /// at ADDR, prints `READY <proc id>`, exits when stdin closes.
     #[command(hide = true)]
@@ -348,7 +368,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     // A proc logs as `monarch-host bootstrap` does: actor failures reach
     // the program as values, so hyperactor's own report of them is noise.
-    let default_filter = if matches!(cli.suite, Suite::Bootstrap) {
+    let default_filter = if matches!(cli.suite, Suite::Bootstrap | Suite::TensorBootstrap) {
         "warn,hyperactor::actor=off"
     } else {
         "warn,monarch_bench=info"
@@ -397,6 +417,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Suite::Dataplane(args) => dataplane::main(args),
         Suite::DataplaneWorker { bytes } => dataplane::serve_worker(bytes),
         Suite::Bootstrap => bootstrap(),
+        Suite::TensorBootstrap => allreduce::serve_tensor_proc(),
+        Suite::AllreduceFloorPeer { socket, bytes } => allreduce::serve_floor_peer(&socket, bytes),
         Suite::Worker {
             addr,
             worker_threads,

@@ -43,13 +43,15 @@ const SERVE_METRICS: [(&str, &str); 7] = [
 
 /// Every metric of the dataplane suite, with its unit, but
 /// `cuda_matmul_gflops` (only with the `cuda` feature and a GPU).
-const DATAPLANE_METRICS: [(&str, &str); 6] = [
+const DATAPLANE_METRICS: [(&str, &str); 8] = [
     ("raw_tcp_gbps", "Gbit/s"),
     ("rdma_tcp_gbps", "Gbit/s"),
     ("rdma_tcp_read_gbps", "Gbit/s"),
     ("matmul_gflops", "GFLOP/s"),
     ("matmul_f64_gflops", "GFLOP/s"),
     ("matmul_floor_gflops", "GFLOP/s"),
+    ("tensor_allreduce_gbps", "Gbit/s"),
+    ("tensor_allreduce_floor_gbps", "Gbit/s"),
 ];
 
 /// Runs the binary with `args`, killing it if it runs past `limit`.
@@ -240,6 +242,10 @@ fn dataplane_quick_prints_each_metric_once_as_json_and_nothing_else() {
     // is no CUDA figure (RUST_LOG could hide both).
     if std::env::var_os("RUST_LOG").is_none() {
         assert!(stderr.contains("rdma_tcp_gbps / raw_tcp_gbps"), "{stderr}");
+        assert!(
+            stderr.contains("tensor_allreduce_gbps / tensor_allreduce_floor_gbps"),
+            "{stderr}"
+        );
         if !gpu {
             assert!(
                 stderr.contains("cuda_matmul_gflops not measured"),
@@ -247,8 +253,9 @@ fn dataplane_quick_prints_each_metric_once_as_json_and_nothing_else() {
             );
         }
     }
-    // 64 MiB three ways a few times between two processes, and small
-    // matmuls; a smoke run that gets slow is a regression worth seeing.
+    // 64 MiB three ways a few times between two processes, small matmuls,
+    // and a few all-reduces of 8 MiB a rank over 4 child procs; a smoke run
+    // that gets slow is a regression worth seeing.
     assert!(
         took < Duration::from_secs(30),
         "dataplane --quick took {took:?}"

@@ -569,12 +569,43 @@ fn start_child(
     })
 }
 
+/// Makes the allocator keep freed memory for reuse rather than hand it
+/// back to the kernel: with glibc, blocks up to 32 MiB come from its heaps
+/// and up to 1 GiB of free memory stays mapped. Messages of several MiB
+/// (tensor chunks, their frames and replies) are allocated and freed many
+/// times a second; returning each to the kernel makes every next one fault
+/// its pages in afresh, which cost more than copying them (see
+/// docs/mesh.md, "Bulk messages"). [`bootstrap_main`] calls it in every
+/// child proc; a controller that moves bulk data should call it at start.
+/// Settings given in `GLIBC_TUNABLES` are left alone; on other C
+/// libraries this does nothing.
+pub fn keep_freed_memory() {
+    if std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("glibc.malloc.")) {
+        return;
+    }
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // The largest block served from the heaps (glibc's ceiling for
+        // it), and the free memory a heap keeps before it is trimmed.
+        const MMAP_THRESHOLD: libc::c_int = 32 << 20;
+        const TRIM_THRESHOLD: libc::c_int = 1 << 30;
+        // SAFETY: mallopt only changes allocator parameters; both values
+        // are within glibc's ranges (a refused one is ignored).
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD);
+        }
+    }
+}
+
 /// The body of a child proc: reads its [`BootstrapConfig`], serves a mesh
 /// proc whose actors come from `registry`, says it is ready, and runs until
-/// its parent goes away (AL-1). Returns only on error.
+/// its parent goes away (AL-1). Returns only on error. It keeps freed
+/// memory for reuse ([`keep_freed_memory`]).
 pub async fn bootstrap_main(
     make_registry: impl FnOnce(&BootstrapConfig) -> Registry,
 ) -> anyhow::Result<()> {
+    keep_freed_memory();
     let text = std::env::var(BOOTSTRAP_ENV).map_err(|_| {
         anyhow::anyhow!(
             "{BOOTSTRAP_ENV} is not set; this command is started by monarch-host itself"

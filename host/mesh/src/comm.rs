@@ -25,6 +25,10 @@
 //! - CA-5: broadcasts send nothing back up the tree: each rank's error goes
 //!   straight to the caster, and nodes keep a broadcast (to take over the
 //!   children of a proc that dies) until its timeout passes.
+//!
+//! A cast's message is shared, not copied, between the children it goes to
+//! ([`SharedBytes`]): each child's frame is archived from the one buffer, and
+//! a leaf hands the buffer it decoded to its last local actor.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -35,6 +39,11 @@ use hyperactor::{
     Actor, Context, Exports, Handler, Mailbox, OncePortRef, PortId, PortRef, ProcId, RemoteMessage,
 };
 use parking_lot::Mutex;
+use rkyv::Place;
+use rkyv::rancor::Fallible;
+use rkyv::ser::{Allocator, Writer};
+use rkyv::vec::{ArchivedVec, VecResolver};
+use rkyv::with::{ArchiveWith, DeserializeWith, SerializeWith};
 
 use crate::reduce::{Fold, Partial, RankError, Reducer};
 
@@ -104,8 +113,10 @@ pub struct Cast {
     pub tree: Subtree,
     /// The endpoint to call.
     pub endpoint: String,
-    /// The message bytes.
-    pub message: Vec<u8>,
+    /// The message bytes, shared by the casts to every child (archived as
+    /// a plain `Vec<u8>`).
+    #[rkyv(with = SharedBytes)]
+    pub message: Arc<Vec<u8>>,
     /// What to do with replies.
     pub mode: CastMode,
     /// Where this subtree's partial result goes.
@@ -114,6 +125,39 @@ pub struct Cast {
     pub timeout_ms: u64,
     /// The tree's fan-out.
     pub fanout: u32,
+}
+
+/// Archives an `Arc<Vec<u8>>` exactly as a `Vec<u8>` (the same bytes on
+/// the wire), straight from the shared buffer: a cast to `n` children
+/// archives its message `n` times, into each child's frame, instead of
+/// cloning it `n` times first. Decoding makes a new, unshared buffer.
+pub struct SharedBytes;
+
+impl ArchiveWith<Arc<Vec<u8>>> for SharedBytes {
+    type Archived = ArchivedVec<u8>;
+    type Resolver = VecResolver;
+
+    fn resolve_with(field: &Arc<Vec<u8>>, resolver: VecResolver, out: Place<ArchivedVec<u8>>) {
+        ArchivedVec::resolve_from_len(field.len(), resolver, out);
+    }
+}
+
+impl<S: Fallible + Allocator + Writer + ?Sized> SerializeWith<Arc<Vec<u8>>, S> for SharedBytes {
+    fn serialize_with(field: &Arc<Vec<u8>>, serializer: &mut S) -> Result<VecResolver, S::Error> {
+        ArchivedVec::<u8>::serialize_from_slice(field.as_slice(), serializer)
+    }
+}
+
+impl<D: Fallible + ?Sized> DeserializeWith<ArchivedVec<u8>, Arc<Vec<u8>>, D> for SharedBytes {
+    fn deserialize_with(field: &ArchivedVec<u8>, _: &mut D) -> Result<Arc<Vec<u8>>, D::Error> {
+        Ok(Arc::new(field.as_slice().to_vec()))
+    }
+}
+
+/// The bytes of a shared message for one more receiver: the buffer itself
+/// when nothing else holds it, else a copy.
+fn unshare(message: Arc<Vec<u8>>) -> Vec<u8> {
+    Arc::try_unwrap(message).unwrap_or_else(|shared| shared.as_ref().clone())
 }
 
 /// A reply travelling up the tree, or straight to the caster.
@@ -243,7 +287,7 @@ impl Node {
                         ranks: self.tree.ranks[lo..hi].to_vec(),
                     },
                     endpoint: self.endpoint.clone(),
-                    message: self.message.as_ref().clone(),
+                    message: self.message.clone(),
                     mode: self.mode,
                     parent: me.clone(),
                     timeout_ms: self.timeout_ms,
@@ -483,7 +527,7 @@ impl Handler<Cast> for CommActor {
             mesh: cast.mesh,
             tree: cast.tree,
             endpoint: cast.endpoint,
-            message: Arc::new(cast.message),
+            message: cast.message,
             mode: cast.mode,
             timeout_ms: cast.timeout_ms,
             fanout: cast.fanout.max(1),
@@ -648,8 +692,11 @@ fn deliver_leaf(cx: &Context<CommActor>, cast: Cast) {
     // them (the last to finish) sends the result.
     let shared = Arc::new(Mutex::new((ranks.len() + 1, Partial::new(fold))));
     let subtree = Arc::new(subtree);
-    let message = Arc::new(cast.message);
-    for rank in ranks {
+    // The last rank takes the decoded buffer itself; only a proc with
+    // several ranks copies it for the others.
+    let last = ranks.len() - 1;
+    let mut message = Some(cast.message);
+    for (at, rank) in ranks.into_iter().enumerate() {
         let actor = match proc.actor_id(&cast.mesh, rank) {
             Ok(actor) => actor,
             Err(e) => {
@@ -664,10 +711,15 @@ fn deliver_leaf(cx: &Context<CommActor>, cast: Cast) {
             }
         };
         let dest = actor.port_id(handler_port::<MeshCall>());
-        let (endpoint, body) = (cast.endpoint.clone(), message.clone());
+        let body = if at == last {
+            message.take().map(unshare).unwrap_or_default()
+        } else {
+            message.as_deref().cloned().unwrap_or_default()
+        };
+        let endpoint = cast.endpoint.clone();
         let reply = cx.start_call(&dest, |reply| MeshCall {
             endpoint,
-            message: body.as_ref().clone(),
+            message: body,
             reply,
         });
         let (shared, mailbox, parent, origin, subtree) = (

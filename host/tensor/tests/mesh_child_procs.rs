@@ -37,7 +37,7 @@ use hyperactor_mesh::alloc::{
     Allocator, BOOTSTRAP_ENV, BootstrapCommand, InProcessAllocator, LocalAllocator, bootstrap_main,
 };
 use hyperactor_mesh::client::MeshClient;
-use monarch_tensor::mesh::{Init, MeshError, Sharding, TensorMesh, TensorMeshOptions};
+use monarch_tensor::mesh::{BinaryOp, Init, MeshError, Sharding, TensorMesh, TensorMeshOptions};
 use monarch_tensor::{DType, Device};
 
 const RAW_PEER_ENV: &str = "MESH_RAW_PEER";
@@ -69,6 +69,8 @@ fn main() {
         raw_peer(stream);
         return;
     }
+    // The controller receives and sends chunks of several MiB too.
+    hyperactor_mesh::alloc::keep_freed_memory();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let value = |name: &str, default: usize| {
         args.iter()
@@ -166,7 +168,7 @@ async fn a_dead_proc_fails_fetches_from_its_ranks() {
     assert!(global.to_string().contains("signal 9"), "{global}");
     assert!(mesh.sync(&[&t]).await.is_err(), "a sync reaches every rank");
     // Rank 0 lives on, and ops still run there.
-    let doubled = mesh.scalar(monarch_tensor::mesh::BinaryOp::Mul, &t, 2.0);
+    let doubled = mesh.scalar(BinaryOp::Mul, &t, 2.0);
     let shard = mesh.fetch_shard(&doubled, 0).await.expect("rank 0 answers");
     assert_eq!(shard.to_vec::<f32>().unwrap(), vec![4.0; 6]);
     client.stop_all();
@@ -192,8 +194,13 @@ async fn time_all_reduce(
     let mut times = Vec::new();
     for rep in 0..reps + 1 {
         // Rank 0 holds ones, the others zeros: the sum is ones everywhere.
+        // Times 1, as a gradient is the result of an op: every shard's
+        // pages are in memory (a fresh tensor of zeros is not, and the
+        // all-reduce's writes would pay for its page faults).
         let partial = Sharding::Partial { mesh_dim: 0 };
-        let mut t = mesh.create(Init::Ones, &[numel], DType::F32, Device::Cpu, partial);
+        let created = mesh.create(Init::Ones, &[numel], DType::F32, Device::Cpu, partial);
+        let mut t = mesh.scalar(BinaryOp::Mul, &created, 1.0);
+        mesh.drop(&[&created]);
         mesh.sync(&[&t]).await.expect("created");
         let start = Instant::now();
         mesh.all_reduce(&mut t, 0).await.expect("all-reduce");
