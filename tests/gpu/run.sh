@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Runs monarch-tensor's tests, CUDA backend included, on a machine with an NVIDIA GPU.
+# Runs monarch-tensor's tests, CUDA backend included, on a machine with an NVIDIA GPU,
+# then examples/data-parallel with its shards on the GPU (`--device cuda`), through
+# a monarch-host built with `--features cuda`.
 #
 # Every CUDA test runs with MONARCH_REQUIRE_GPU=1, which turns "no GPU, skipping"
 # into a failure: on a GPU machine a missing driver, NVRTC or cuBLAS is a bug to
@@ -116,6 +118,7 @@ build_into() {
     {
         cargo test --release -p monarch-tensor --features cuda --no-run --message-format=json
         cargo build --release -p monarch-tensor --features cuda --example matmul_gflops --message-format=json
+        cargo build --release -p monarch-host --features cuda --bin monarch-host --message-format=json
     } | python3 -c '
 import json, shutil, sys
 out = sys.argv[1]
@@ -132,9 +135,11 @@ for line in sys.stdin:
     shutil.copy(exe, f"{out}/{name}")
     print(f"built {out}/{name}")
 ' "$out"
-    for t in unit cpu_ops cuda_ops matmul_gflops; do
+    for t in unit cpu_ops cuda_ops matmul_gflops monarch-host; do
         [[ -x $out/$t ]] || die "building $t failed"
     done
+    (cd guest-sdk && cargo build --release --locked --target wasm32-wasip2 -p data-parallel)
+    cp guest-sdk/target/wasm32-wasip2/release/data_parallel.wasm "$out/"
     du -sh "$out"
 }
 
@@ -149,6 +154,12 @@ run_from() {
     [[ $failed == 0 ]] || die "some tests failed (see above)"
     echo "== matmul_gflops"
     "$from/matmul_gflops" 1024 5
+    echo "== data-parallel on cuda:0 (4 procs, the tensors' shards on the GPU)"
+    local log
+    log=$(mktemp)
+    "$from/monarch-host" run "$from/data_parallel.wasm" -- --device cuda --procs 4 --steps 20 2>&1 | tee "$log"
+    grep -q "the loss fell every step" "$log" || die "data-parallel on cuda did not train"
+    rm -f "$log"
 }
 
 case $mode in

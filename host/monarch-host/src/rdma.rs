@@ -36,6 +36,22 @@ pub(crate) struct RdmaMeshes {
     meshes: Vec<RdmaMesh>,
 }
 
+impl Drop for RdmaMeshes {
+    /// The program ended: its RDMA actors stop and free their buffers
+    /// (RB-3), also on a persistent mesh's procs, which outlive the job.
+    fn drop(&mut self) {
+        let meshes = std::mem::take(&mut self.meshes);
+        if meshes.is_empty() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                futures::future::join_all(meshes.iter().map(RdmaMesh::stop)).await;
+            });
+        }
+    }
+}
+
 impl RdmaMeshes {
     async fn spawn(
         &mut self,
