@@ -741,3 +741,74 @@ fn cli_refuses_what_is_not_a_program() {
         assert!(out.stdout.is_empty(), "{out:?}");
     }
 }
+
+/// A proc of data-parallel's tensor engine killed with SIGKILL mid-run:
+/// the next wait on its rank fails, naming the proc and the signal, and the
+/// command exits 1 within seconds instead of hanging (TE-2).
+#[test]
+fn cli_a_killed_tensor_proc_ends_data_parallel_with_an_error() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_monarch-host-cli"))
+        .args(["run", env!("GUEST_DATA_PARALLEL"), "--timeout", "120", "--"])
+        .args(["--steps", "100000000", "--rows", "64"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start monarch-host");
+    let pid = child.id();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    // Training is under way once step 3 is out.
+    for line in stdout.by_ref() {
+        if line.expect("read stdout").contains("step 3 loss") {
+            break;
+        }
+    }
+    let children = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("list monarch-host's threads")
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("children")).ok())
+        .flat_map(|list| {
+            list.split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok())
+                .collect::<Vec<_>>()
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(children.len(), 4, "one child proc per rank: {children:?}");
+    let victim = children[2];
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(killed.success());
+    let killed_at = Instant::now();
+    let drain = std::thread::spawn(move || stdout.count());
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for monarch-host") {
+            break status;
+        }
+        if killed_at.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("monarch-host did not end within 30 s of a proc's SIGKILL");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    let _ = drain.join();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    let error = stderr
+        .lines()
+        .find(|line| line.contains("the program failed"))
+        .unwrap_or_else(|| panic!("no error line in {stderr}"));
+    assert!(error.contains(": step "), "names the step: {error}");
+    assert!(
+        error.contains("killed by signal 9"),
+        "names the signal: {error}"
+    );
+    assert!(
+        error.contains("tensor0["),
+        "names the tensor worker: {error}"
+    );
+}
