@@ -8,7 +8,8 @@
 //!
 //! Ops ([`Tensor::add`], [`Tensor::matmul`], [`Tensor::sum`]...) return a
 //! new tensor at once and run on every rank in the order they were made,
-//! so a program queues a whole step without waiting. Only
+//! so a program queues a whole step without waiting (the operators work
+//! too: `&a + &b`, `&a * 0.5`, `-&a`). Only
 //! [`Tensor::all_reduce`], [`Tensor::fetch`], [`Tensor::fetch_shard`],
 //! [`Tensor::sync`] and [`Tensor::send_shard`] are [`Call`]s to await.
 //!
@@ -586,6 +587,38 @@ impl Tensor {
     /// (equal shard sizes and dtypes).
     pub fn send_shard(&self, from: u32, dst: &Tensor, to: u32) -> Call<()> {
         Call::in_flight(self.raw.send_shard(from, &dst.raw, to), decode_unit)
+    }
+}
+
+macro_rules! operator {
+    ($trait:ident, $method:ident, $op:ident) => {
+        /// Elementwise, as the method of the same name: `&a + &b`.
+        impl std::ops::$trait<&Tensor> for &Tensor {
+            type Output = Tensor;
+            fn $method(self, other: &Tensor) -> Tensor {
+                self.binary(wit::BinaryOp::$op, other)
+            }
+        }
+
+        /// With a scalar: `&a * 2.0`.
+        impl std::ops::$trait<f64> for &Tensor {
+            type Output = Tensor;
+            fn $method(self, value: f64) -> Tensor {
+                self.scalar(wit::BinaryOp::$op, value)
+            }
+        }
+    };
+}
+
+operator!(Add, add, Add);
+operator!(Sub, sub, Sub);
+operator!(Mul, mul, Mul);
+operator!(Div, div, Div);
+
+impl std::ops::Neg for &Tensor {
+    type Output = Tensor;
+    fn neg(self) -> Tensor {
+        Tensor::neg(self)
     }
 }
 

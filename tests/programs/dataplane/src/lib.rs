@@ -128,11 +128,11 @@ async fn tensors(procs: &ProcMesh) -> Checked {
         cpu,
         Sharding::Replicate,
     );
-    let tripled = a.mul_scalar(2.0).add(&a);
+    let tripled = &(&a * 2.0) + &a;
     ensure(
         fetch_f32(&tripled).await? == [3.0, -6.0, 9.0, -12.0, 15.0, -18.0],
         "scalar and elementwise ops",
-        || "2a + a".into(),
+        || "&(&a * 2.0) + &a".into(),
     )?;
     ensure(
         fetch_f32(&a.relu().neg()).await? == [-1.0, 0.0, -3.0, 0.0, -5.0, 0.0],
