@@ -13,7 +13,7 @@
 //! elsewhere, computed by an op so that its pages are in memory, as a
 //! gradient's would be), and [`TensorMesh::all_reduce`] sums it over the 4 ranks with
 //! the mesh's defaults (fan-out 16, so every proc is a child of the
-//! controller; chunks of 8 MiB, 4 in flight). The figures are **bytes
+//! controller; chunks of 1 MiB, 4 in flight). The figures are **bytes
 //! moved**: with `k = 4` ranks the controller's sockets carry `k S` in (the
 //! shards) and `k S` out (the sum, once per rank), `2 k S` in all, so
 //!
@@ -82,7 +82,7 @@ pub fn run(rt: &Runtime, suite: &str, s: &AllReduceSettings) -> anyhow::Result<(
         s.bytes.is_multiple_of(4) && s.bytes > 0 && s.turns > 0,
         "an all-reduce needs a whole, non-zero number of f32s and one turn"
     );
-    // Chunks of 8 MiB are allocated and freed many times a second on both
+    // Chunks of a MiB are allocated and freed many times a second on both
     // sides; the procs keep freed memory (`bootstrap_main` does it), and
     // so does this process from here on.
     hyperactor_mesh::alloc::keep_freed_memory();

@@ -81,7 +81,7 @@ fn main() {
     };
     let (mib, reps) = (value("--mib", 1), value("--reps", 2));
     let options = TensorMeshOptions {
-        chunk_bytes: value("--chunk-kib", 8 << 10) << 10,
+        chunk_bytes: value("--chunk-kib", 1 << 10) << 10,
         window: value("--window", 4),
         ..TensorMeshOptions::default()
     };
@@ -186,10 +186,9 @@ async fn time_all_reduce(
     let allocated = client.spawn_procs(PROCS).await.expect("procs");
     let procs: Vec<_> = allocated.iter().map(|a| a.proc.clone()).collect();
     let extent = vec![("ranks".to_string(), PROCS as u32)];
-    let mut mesh =
-        TensorMesh::spawn_with(client.clone(), &procs, extent, TensorMeshOptions::default())
-            .await
-            .expect("tensor workers");
+    let mut mesh = TensorMesh::spawn_with(client.clone(), &procs, extent, options.clone())
+        .await
+        .expect("tensor workers");
     let numel = (mib << 20) / 4;
     let mut times = Vec::new();
     for rep in 0..reps + 1 {
