@@ -1,6 +1,8 @@
 //! The `dataplane` suite: bulk bytes between two processes through
 //! `monarch-rdma`'s TCP backend, next to a bare TCP stream between the same
-//! two processes (the floor), and matmul throughput of `monarch-tensor`.
+//! two processes (the floor), matmul throughput of `monarch-tensor`, and
+//! last its mesh all-reduce over child procs next to raw Unix sockets
+//! ([`crate::allreduce`]).
 //!
 //! ```text
 //! this process (2 tokio workers)               worker process (dataplane-worker, 2 tokio workers)
@@ -80,7 +82,8 @@ const WORKER_FILL: u8 = 0x5a;
 #[derive(Debug, Args)]
 pub struct DataplaneArgs {
     /// Move 64 MiB instead of 1 GiB, multiply at N = 256 instead of 1024,
-    /// and repeat less: a smoke test of a few seconds; rough figures.
+    /// all-reduce 8 MiB a rank instead of 64, and repeat less: a smoke test
+    /// of a few seconds; rough figures.
     #[arg(long)]
     quick: bool,
 }

@@ -118,7 +118,7 @@
 //! programs: `cd guest-sdk && cargo build --release --target
 //! wasm32-wasip2`. About 8 s on two cores; `--quick` about 5 s (debug build).
 //!
-//! ## `dataplane`: bulk bytes between procs, and tensor matmul
+//! ## `dataplane`: bulk bytes between procs, tensor matmul and all-reduce
 //!
 //! Two `monarch-rdma` managers (default `RdmaConfig`, so the TCP backend
 //! where there is no RDMA device), one in this process and one in a worker
@@ -138,13 +138,17 @@
 //! | `matmul_f64_gflops` | the same in f64 | GFLOP/s |
 //! | `matmul_floor_gflops` | a naive `i-k-j` loop on f32 at N = 256: what the obvious code gets on this machine | GFLOP/s |
 //! | `cuda_matmul_gflops` | only with the `cuda` feature and a GPU: f32 at N = 4096 on `cuda:0` (cuBLAS), 8 products a sample, median of 7; otherwise skipped with a line on stderr | GFLOP/s |
-//! | `tensor_allreduce_gbps` | not measured yet: comes with the sharded-tensor layer (`monarch_tensor::mesh`) | Gbit/s |
+//! | `tensor_allreduce_floor_gbps` | floor: `2 k S` bytes (each of `k` = 4 peer processes' `S` = 64 MiB in, then `S` back to each) over one Unix socket per peer, 4 threads, blocking std sockets, buffers touched once; median of 7 turns after 1 | Gbit/s |
+//! | `tensor_allreduce_gbps` | `TensorMesh::all_reduce` of a `Partial` f32 tensor of 64 MiB a rank over 4 child procs (hidden subcommand `tensor-bootstrap`), as the bytes its controller's sockets move (`2 k S * 8 / t`); median of 7 turns after a checked one, in turns with the floor (see `allreduce.rs`) | Gbit/s |
 //!
 //! Read `rdma_tcp_gbps` against `raw_tcp_gbps` (the target is at least
-//! 0.8 x; the log prints the ratio). The TCP backend moves chunks on up
-//! to 4 connections at once, so it can beat the single bare stream. About
-//! 15 s on two cores (3 GiB resident across the two processes); `--quick`
-//! moves 64 MiB, multiplies at N = 256 and takes a few seconds.
+//! 0.8 x; the log prints the ratio), and `tensor_allreduce_gbps` against
+//! `tensor_allreduce_floor_gbps` (the target is at least 0.5 x, within 2x
+//! of the floor; the log prints the ratio and the per-rank `S / t`). The
+//! TCP backend moves chunks on up to 4 connections at once, so it can beat
+//! the single bare stream. About 20 s on two cores (3 GiB resident across
+//! the two processes of the transfers); `--quick` moves 64 MiB, multiplies
+//! at N = 256, all-reduces 8 MiB a rank and takes a few seconds.
 
 mod allreduce;
 mod controller;
@@ -186,8 +190,9 @@ Examples:
   monarch-bench serve              the HTTP server: uploads, submit to first log, jobs/s (about
                                    8 s; needs the example programs, built as for mesh)
   monarch-bench dataplane          1 GiB between two processes through monarch-rdma's TCP
-                                   backend next to a bare TCP stream, and tensor matmul GFLOP/s
-                                   (about 15 s; --quick moves 64 MiB)";
+                                   backend next to a bare TCP stream, tensor matmul GFLOP/s, and
+                                   a tensor all-reduce over 4 child procs next to raw Unix sockets
+                                   (about 20 s; --quick moves 64 MiB)";
 
 /// Benchmarks of monarch-host, each read against a floor measured in the same run.
 #[derive(Debug, Parser)]
@@ -255,14 +260,19 @@ enum Suite {
 
     /// Bulk bytes between two processes through monarch-rdma (TCP backend),
     /// next to a bare loopback TCP stream between the same processes (the
-    /// floor), and matmul throughput of monarch-tensor.
+    /// floor), matmul throughput of monarch-tensor, and a sharded tensor's
+    /// all-reduce over child procs next to the same bytes over raw Unix
+    /// sockets (its floor).
     ///
     /// Metrics: raw_tcp_gbps (the floor), rdma_tcp_gbps (one-sided WRITE),
     /// rdma_tcp_read_gbps (one-sided READ), each 1 GiB, median of 7 turns
     /// (Gbit/s); matmul_gflops, matmul_f64_gflops (CPU, N = 1024),
     /// matmul_floor_gflops (naive loop, N = 256), and with the `cuda`
-    /// feature and a GPU cuda_matmul_gflops (f32, N = 4096), all GFLOP/s.
-    /// About 15 s on 2 cores.
+    /// feature and a GPU cuda_matmul_gflops (f32, N = 4096), all GFLOP/s;
+    /// tensor_allreduce_gbps (4 child procs x 64 MiB of f32, as bytes
+    /// moved through the controller's sockets) and its floor
+    /// tensor_allreduce_floor_gbps, median of 7 turns (Gbit/s). About 20 s
+    /// on 2 cores.
     Dataplane(dataplane::DataplaneArgs),
 
     /// A proc of the mesh and serve suites, as `monarch-host bootstrap`: started by the
