@@ -767,6 +767,55 @@ fn deliver_leaf(cx: &Context<CommActor>, cast: Cast) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hyperactor::RemoteMessage;
+
+    /// The message field as it was archived before it was shared.
+    #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+    struct Plain {
+        endpoint: String,
+        message: Vec<u8>,
+    }
+
+    #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+    struct Shared {
+        endpoint: String,
+        #[rkyv(with = SharedBytes)]
+        message: Arc<Vec<u8>>,
+    }
+
+    #[test]
+    fn a_shared_message_is_archived_as_the_same_bytes_and_decodes_unshared() {
+        let bytes: Vec<u8> = (0..=255).cycle().take(100_000).collect();
+        let shared = Arc::new(bytes.clone());
+        let plain = Plain {
+            endpoint: "e".into(),
+            message: bytes.clone(),
+        };
+        let archived = Shared {
+            endpoint: "e".into(),
+            message: shared.clone(),
+        }
+        .encode_into(rkyv::util::AlignedVec::new())
+        .unwrap();
+        // Same wire format: procs of either kind read each other's casts.
+        assert_eq!(
+            archived.as_slice(),
+            plain
+                .encode_into(rkyv::util::AlignedVec::new())
+                .unwrap()
+                .as_slice()
+        );
+        let decoded = Shared::decode(&archived).unwrap();
+        assert_eq!(*decoded.message, bytes);
+        // The decoded buffer is the receiver's own, so a leaf hands it on
+        // without a copy; the sender's stays shared with its other casts.
+        assert_eq!(Arc::strong_count(&decoded.message), 1);
+        assert_eq!(Arc::strong_count(&shared), 1);
+        assert_eq!(unshare(decoded.message), bytes);
+        let other = shared.clone();
+        assert_eq!(unshare(other), bytes);
+        assert_eq!(*shared, bytes);
+    }
 
     #[test]
     fn ca2_split_makes_at_most_fanout_balanced_contiguous_chunks() {
