@@ -151,6 +151,9 @@ fn main() -> ExitCode {
         Command::Run(run) => run,
     };
     init_tracing();
+    // A program's tensor fetches and all-reduces pass multi-MiB chunks
+    // through this process, as through its child procs (which do the same).
+    hyperactor_mesh::alloc::keep_freed_memory();
     let placement = if !hosts.is_empty() || hosts_file.is_some() {
         match remote_placement(hosts, hosts_file, token_file, heartbeat_timeout) {
             Ok(placement) => placement,

@@ -80,13 +80,32 @@ pub(crate) struct LinkConfig {
     pub(crate) delivery_timeout: Duration,
 }
 
+/// The most frames one `sendmsg` takes.
+const MAX_SLICES: usize = 64;
+
+/// Drops the first `n` bytes of `queue` (its first frame from `pos`).
+fn advance(queue: &mut VecDeque<Arc<AlignedVec>>, pos: &mut usize, mut n: usize) {
+    while let Some(front) = queue.front() {
+        let rest = front.len() - *pos;
+        if n < rest {
+            *pos += n;
+            return;
+        }
+        n -= rest;
+        *pos = 0;
+        queue.pop_front();
+    }
+}
+
 /// Called once when a link dies, with the return info of every frame that was
 /// not acknowledged, in order, and the last connection error.
 pub(crate) type OnDead<T> = Box<dyn Fn(&ChannelAddr, Vec<T>, String) + Send + Sync>;
 
 struct Pending<T> {
     seq: u64,
-    frame: AlignedVec,
+    /// Shared with `out` while it waits to be written: frames are never
+    /// copied into a write buffer (a 1 MiB frame would be copied whole).
+    frame: Arc<AlignedVec>,
     sent: Instant,
     ret: T,
 }
@@ -96,10 +115,11 @@ struct LinkState<T> {
     unacked: VecDeque<Pending<T>>,
     conn: Option<Arc<WriteHalf>>,
     generation: u64,
-    /// Bytes for the current connection that nobody is writing yet, from `out_pos`.
-    out: Vec<u8>,
+    /// Frames for the current connection that nobody is writing yet; the
+    /// first from byte `out_pos`. They go out with one `sendmsg` for many
+    /// frames, as one buffer did.
+    out: VecDeque<Arc<AlignedVec>>,
     out_pos: usize,
-    spare: Vec<u8>,
     flushing: bool,
     /// The link's task will write `out` soon (LK-4).
     flush_scheduled: bool,
@@ -141,9 +161,8 @@ impl<T: Send + 'static> Link<T> {
                 unacked: VecDeque::new(),
                 conn: None,
                 generation: 0,
-                out: Vec::new(),
+                out: VecDeque::new(),
                 out_pos: 0,
-                spare: Vec::new(),
                 flushing: false,
                 flush_scheduled: false,
                 last_write: Instant::now(),
@@ -173,8 +192,9 @@ impl<T: Send + 'static> Link<T> {
         let seq = st.next_seq;
         st.next_seq += 1;
         set_seq(frame.as_mut_slice(), seq);
+        let frame = Arc::new(frame);
         if st.conn.is_some() {
-            st.out.extend_from_slice(&frame);
+            st.out.push_back(frame.clone());
         }
         st.unacked.push_back(Pending {
             seq,
@@ -206,7 +226,7 @@ impl<T: Send + 'static> Link<T> {
 
     /// Writes `out` unless someone else is already writing (LK-4).
     fn flush(&self, mut st: MutexGuard<'_, LinkState<T>>) {
-        if st.flushing || st.waiting_writable || st.out_pos == st.out.len() {
+        if st.flushing || st.waiting_writable || st.out.is_empty() {
             return;
         }
         let Some(conn) = st.conn.clone() else {
@@ -216,20 +236,33 @@ impl<T: Send + 'static> Link<T> {
         st.flushing = true;
         st.flush_scheduled = false;
         st.last_write = Instant::now();
-        let spare = std::mem::take(&mut st.spare);
-        let mut buf = std::mem::replace(&mut st.out, spare);
+        let mut queue = std::mem::take(&mut st.out);
         let mut pos = std::mem::take(&mut st.out_pos);
         drop(st);
         loop {
             let mut failed = None;
             let mut blocked = false;
-            while pos < buf.len() {
-                match conn.try_write(&buf[pos..]) {
+            while !queue.is_empty() {
+                let written = {
+                    let mut slices = [io::IoSlice::new(&[]); MAX_SLICES];
+                    let mut count = 0;
+                    for (slot, frame) in slices.iter_mut().zip(&queue) {
+                        let from = if count == 0 { pos } else { 0 };
+                        *slot = io::IoSlice::new(&frame[from..]);
+                        count += 1;
+                    }
+                    match count {
+                        // One frame (a lone call): a plain send costs less.
+                        1 => conn.try_write(&slices[0]),
+                        _ => conn.try_write_vectored(&slices[..count]),
+                    }
+                };
+                match written {
                     Ok(0) => {
                         failed = Some(io::Error::from(io::ErrorKind::WriteZero));
                         break;
                     }
-                    Ok(n) => pos += n,
+                    Ok(n) => advance(&mut queue, &mut pos, n),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         blocked = true;
                         break;
@@ -254,18 +287,10 @@ impl<T: Send + 'static> Link<T> {
                 return;
             }
             if blocked {
-                // Keep the unwritten rest where it is (no quadratic shuffling):
-                // new bytes go after it, and the front is reclaimed once it
-                // is most of the buffer.
-                if pos > buf.len() / 2 {
-                    buf.drain(..pos);
-                    pos = 0;
-                }
-                let newer = std::mem::take(&mut st.out);
-                buf.extend_from_slice(&newer);
-                st.spare = newer;
-                st.spare.clear();
-                st.out = buf;
+                // The unwritten rest goes back in front of what was queued
+                // meanwhile.
+                queue.append(&mut st.out);
+                st.out = queue;
                 st.out_pos = pos;
                 st.flushing = false;
                 st.waiting_writable = true;
@@ -273,14 +298,12 @@ impl<T: Send + 'static> Link<T> {
                 self.wake.notify_one();
                 return;
             }
-            buf.clear();
             pos = 0;
             if st.out.is_empty() {
-                st.spare = buf;
                 st.flushing = false;
                 return;
             }
-            std::mem::swap(&mut buf, &mut st.out);
+            std::mem::swap(&mut queue, &mut st.out);
             st.last_write = Instant::now();
         }
     }
@@ -343,11 +366,8 @@ impl<T: Send + 'static> Link<T> {
                 st.last_ack = Instant::now();
                 st.last_write = Instant::now() - BURST_WINDOW;
                 st.out_pos = 0;
-                let mut out = std::mem::take(&mut st.out);
-                out.clear();
-                for pending in &st.unacked {
-                    out.extend_from_slice(&pending.frame);
-                }
+                let out: VecDeque<Arc<AlignedVec>> =
+                    st.unacked.iter().map(|p| p.frame.clone()).collect();
                 if connected_before {
                     self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
                     self.stats
@@ -494,7 +514,7 @@ impl<T: Send + 'static> Link<T> {
         }
         st.dead = true;
         st.conn = None;
-        st.out = Vec::new();
+        st.out = VecDeque::new();
         Some(st.unacked.drain(..).map(|p| p.ret).collect())
     }
 }
@@ -512,6 +532,34 @@ mod tests {
     use crate::channel::frame::{FrameHeader, finish_frame, frame_buffer};
     use crate::channel::transport::Listener;
     use tokio::sync::mpsc;
+
+    fn frames(lens: &[usize]) -> VecDeque<Arc<AlignedVec>> {
+        lens.iter()
+            .map(|&n| {
+                let mut v = AlignedVec::new();
+                v.extend_from_slice(&vec![n as u8; n]);
+                Arc::new(v)
+            })
+            .collect()
+    }
+
+    /// A partial `sendmsg` leaves the queue at the first unwritten byte,
+    /// across frame boundaries: what is written next is exactly the rest.
+    #[test]
+    fn advance_resumes_at_the_first_unwritten_byte() {
+        let mut queue = frames(&[3, 5, 2]);
+        let mut pos = 0;
+        advance(&mut queue, &mut pos, 2);
+        assert_eq!((queue.len(), pos), (3, 2));
+        advance(&mut queue, &mut pos, 1); // the end of the first frame
+        assert_eq!((queue.len(), pos), (2, 0));
+        advance(&mut queue, &mut pos, 6); // all of the second, one of the third
+        assert_eq!((queue.len(), pos), (1, 1));
+        assert_eq!(queue[0].len(), 2);
+        advance(&mut queue, &mut pos, 1);
+        assert!(queue.is_empty());
+        assert_eq!(pos, 0);
+    }
 
     fn data(value: u8) -> AlignedVec {
         let mut frame = frame_buffer(32);

@@ -263,6 +263,36 @@ impl WriteHalf {
         }
     }
 
+    /// Writes as much of `bufs`, in order, as the socket takes now (one
+    /// `sendmsg`, like `writev`), without copying them together first.
+    pub(crate) fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        // The kernel takes at most IOV_MAX (1024 on Linux) slices a call.
+        let bufs = &bufs[..bufs.len().min(1024)];
+        loop {
+            // SAFETY: an all-zero msghdr is a valid empty message; the iovec
+            // pointer and count name `bufs`, whose `IoSlice`s have the layout
+            // of `iovec` (std guarantees it on Unix) and are valid for reads
+            // while this call runs; `self.fd` is open while `self` lives.
+            let n = unsafe {
+                let mut msg: libc::msghdr = std::mem::zeroed();
+                msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+                msg.msg_iovlen = bufs.len() as _;
+                libc::sendmsg(
+                    self.fd.as_raw_fd(),
+                    &msg,
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
     /// Waits until the socket has room, through a duplicate of it that is
     /// registered for writing only for the wait (TR-1).
     pub(crate) async fn writable(&self) -> io::Result<()> {
