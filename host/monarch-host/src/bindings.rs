@@ -23,3 +23,8 @@ pub use monarch::host::types::{
     CallError, Dim, Event, EventKind, Reducer, Reply, Selector, SliceDim, SupervisionFailure,
     ValueMesh,
 };
+
+/// Where a data-plane wait (a tensor fetch, an RDMA transfer) posts its
+/// `done` event: the instance's completion queue, which `next-events`
+/// drains.
+pub(crate) type Completions = tokio::sync::mpsc::UnboundedSender<Event>;

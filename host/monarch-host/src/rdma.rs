@@ -25,8 +25,7 @@ use hyperactor::ProcId;
 use hyperactor_mesh::client::MeshClient;
 use monarch_rdma::mesh::{RdmaMesh, RdmaMeshOptions, RemoteBuffer};
 
-use crate::bindings::{CallError, Event, EventKind, Reply};
-use crate::tensor::Completions;
+use crate::bindings::{CallError, Completions, Event, EventKind, Reply};
 
 /// The RDMA actors of one instance: a mesh of them per proc mesh the
 /// program allocates on, started on first use, so that errors name ranks of

@@ -38,10 +38,7 @@ use monarch_tensor::{DType, Device, Tensor};
 use tokio::sync::mpsc;
 
 use crate::bindings::monarch::host::tensor as wit;
-use crate::bindings::{CallError, Event, EventKind, Reply, SupervisionFailure};
-
-/// Where a wait's `done` event goes: the instance's completion queue.
-pub(crate) type Completions = mpsc::UnboundedSender<Event>;
+use crate::bindings::{CallError, Completions, Event, EventKind, Reply, SupervisionFailure};
 
 /// Byte initializers larger than this go to each rank as its own shard in
 /// chunks ([`TensorMesh::upload`]) instead of whole in one message.

@@ -40,7 +40,7 @@ impl HostState {
     }
 
     /// A new request id, and where its `done` goes.
-    fn completion(&mut self) -> (u64, crate::tensor::Completions) {
+    fn completion(&mut self) -> (u64, crate::bindings::Completions) {
         (self.request_id(), self.completions.clone())
     }
 }
