@@ -26,6 +26,11 @@
 //!   over the host's event mailbox, so a controller can await thousands at
 //!   once (`futures::future::join_all`), and a handler can call other
 //!   actors and await them.
+//! - **Tensors and RDMA buffers** that live on the procs, not in the
+//!   program: [`tensor::TensorEngine`] makes sharded tensors on a proc mesh
+//!   (ops queued without waiting, all-reduces across a mesh dimension,
+//!   fetches, shards sent proc to proc), and [`rdma::Buffer`] holds bytes
+//!   on one proc and moves them to another one-sided.
 //! - **Logging** through the host: [`info!`], [`warn!`], [`error!`]...
 //! - **[`program!`]** exports it all as the WIT world `program`.
 //!
