@@ -104,6 +104,8 @@ pub trait Element: Copy + sealed::Sealed + 'static {
     fn put(self, out: &mut Vec<u8>);
     /// Reads one element from exactly `DTYPE.size_of()` bytes.
     fn get(bytes: &[u8]) -> Self;
+    /// The value as an `f64` (an `i64` beyond 2^53 rounds).
+    fn to_f64(self) -> f64;
 }
 
 mod sealed {
@@ -124,6 +126,9 @@ macro_rules! element {
                 let mut raw = [0u8; $n];
                 raw.copy_from_slice(&bytes[..$n]);
                 <$t>::from_le_bytes(raw)
+            }
+            fn to_f64(self) -> f64 {
+                self as f64
             }
         }
     };
@@ -639,35 +644,14 @@ fn decode_elements<T: Element>(done: Done) -> Result<Vec<T>, CallError> {
     elements(&decode_raw(done)?)
 }
 
-fn decode_item<T: Element + Into<ItemValue>>(done: Done) -> Result<f64, CallError> {
+fn decode_item<T: Element>(done: Done) -> Result<f64, CallError> {
     let values = decode_elements::<T>(done)?;
     match values.as_slice() {
-        [one] => Ok((*one).into().0),
+        [one] => Ok(one.to_f64()),
         _ => Err(CallError::Decode(format!(
             "item() needs a tensor of one element; this one has {}",
             values.len()
         ))),
-    }
-}
-
-/// An element as `f64`, for [`Tensor::item`].
-struct ItemValue(f64);
-
-impl From<f32> for ItemValue {
-    fn from(v: f32) -> Self {
-        ItemValue(f64::from(v))
-    }
-}
-
-impl From<f64> for ItemValue {
-    fn from(v: f64) -> Self {
-        ItemValue(v)
-    }
-}
-
-impl From<i64> for ItemValue {
-    fn from(v: i64) -> Self {
-        ItemValue(v as f64)
     }
 }
 

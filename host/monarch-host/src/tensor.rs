@@ -200,10 +200,6 @@ impl EngineHandle {
                 sharding,
             },
         };
-        self.new_tensor(meta, op)
-    }
-
-    fn new_tensor(&self, meta: Meta, op: Op) -> TensorHandle {
         new_tensor(&self.core, meta, op)
     }
 
@@ -577,34 +573,28 @@ async fn run_wait(
     tensors: &mut HashMap<u64, TensorRef>,
     wait: Wait,
 ) -> Result<Vec<u8>, MeshError> {
-    let missing = |h| MeshError::Invalid(format!("internal: tensor handle {h} is unknown"));
+    let one = |h: u64| lookup(tensors, h).map_err(MeshError::Invalid);
     match wait {
         Wait::AllReduce(h, dim) => {
-            let t = tensors.get_mut(&h).ok_or_else(|| missing(h))?;
-            mesh.all_reduce(t, dim).await.map(|()| Vec::new())
+            let mut t = one(h)?.clone();
+            let result = mesh.all_reduce(&mut t, dim).await;
+            // The handle now names the tensor with its new layout.
+            tensors.insert(h, t);
+            result.map(|()| Vec::new())
         }
-        Wait::Fetch(h) => {
-            let t = tensors.get(&h).ok_or_else(|| missing(h))?;
-            Ok(mesh.fetch(t).await?.to_le_bytes()?)
-        }
-        Wait::FetchShard(h, rank) => {
-            let t = tensors.get(&h).ok_or_else(|| missing(h))?;
-            Ok(mesh.fetch_shard(t, rank).await?.to_le_bytes()?)
-        }
+        Wait::Fetch(h) => Ok(mesh.fetch(one(h)?).await?.to_le_bytes()?),
+        Wait::FetchShard(h, rank) => Ok(mesh.fetch_shard(one(h)?, rank).await?.to_le_bytes()?),
         Wait::Sync(h) => {
             let t = match h {
-                Some(h) => vec![tensors.get(&h).ok_or_else(|| missing(h))?],
+                Some(h) => vec![one(h)?],
                 None => Vec::new(),
             };
             mesh.sync(&t).await.map(|()| Vec::new())
         }
-        Wait::SendShard { src, from, dst, to } => {
-            let src = tensors.get(&src).ok_or_else(|| missing(src))?;
-            let dst = tensors.get(&dst).ok_or_else(|| missing(dst))?;
-            mesh.send_shard(src, from, dst, to)
-                .await
-                .map(|()| Vec::new())
-        }
+        Wait::SendShard { src, from, dst, to } => mesh
+            .send_shard(one(src)?, from, one(dst)?, to)
+            .await
+            .map(|()| Vec::new()),
     }
 }
 

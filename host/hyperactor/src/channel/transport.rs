@@ -240,27 +240,35 @@ pub(crate) struct WriteHalf {
     fd: Arc<OwnedFd>,
 }
 
+/// Runs a send system call until a signal does not interrupt it: the
+/// bytes it wrote, or its error.
+fn retry_interrupted(mut call: impl FnMut() -> isize) -> io::Result<usize> {
+    loop {
+        let n = call();
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 impl WriteHalf {
     pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
-        loop {
+        retry_interrupted(|| {
             // SAFETY: `buf` is valid for reads of `buf.len()` bytes, and
             // `self.fd` is open while `self` lives.
-            let n = unsafe {
+            unsafe {
                 libc::send(
                     self.fd.as_raw_fd(),
                     buf.as_ptr().cast(),
                     buf.len(),
                     libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
                 )
-            };
-            if n >= 0 {
-                return Ok(n as usize);
             }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
+        })
     }
 
     /// Writes as much of `bufs`, in order, as the socket takes now (one
@@ -268,12 +276,12 @@ impl WriteHalf {
     pub(crate) fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
         // The kernel takes at most IOV_MAX (1024 on Linux) slices a call.
         let bufs = &bufs[..bufs.len().min(1024)];
-        loop {
+        retry_interrupted(|| {
             // SAFETY: an all-zero msghdr is a valid empty message; the iovec
             // pointer and count name `bufs`, whose `IoSlice`s have the layout
             // of `iovec` (std guarantees it on Unix) and are valid for reads
             // while this call runs; `self.fd` is open while `self` lives.
-            let n = unsafe {
+            unsafe {
                 let mut msg: libc::msghdr = std::mem::zeroed();
                 msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
                 msg.msg_iovlen = bufs.len() as _;
@@ -282,15 +290,8 @@ impl WriteHalf {
                     &msg,
                     libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
                 )
-            };
-            if n >= 0 {
-                return Ok(n as usize);
             }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
+        })
     }
 
     /// Waits until the socket has room, through a duplicate of it that is

@@ -37,10 +37,10 @@ const RECLAIM_WAIT: Duration = Duration::from_secs(2);
 pub(in crate::mesh) struct Lent {
     id: u64,
     buffer: Buffer,
-    /// The tensor, when its own storage is registered (none for a copy).
-    held: Option<Arc<Held>>,
-    /// What the map holds under `id` while the tensor is out of it.
-    placeholder: Option<String>,
+    /// When the tensor's own storage is registered (none for a copy): the
+    /// tensor, and the poison reason the map holds under `id` while the
+    /// tensor is out of it.
+    in_place: Option<(Arc<Held>, String)>,
 }
 
 /// A tensor whose storage is registered: the region's keep-alive value.
@@ -124,8 +124,7 @@ impl TensorWorker {
             let lent = Lent {
                 id,
                 buffer,
-                held: None,
-                placeholder: None,
+                in_place: None,
             };
             self.lent.insert(lease, lent);
             return Ok(handle.to_bytes());
@@ -134,16 +133,15 @@ impl TensorWorker {
         match manager.register(region) {
             Ok(buffer) => {
                 let handle = buffer.handle();
-                let placeholder = format!(
+                let lent_reason = format!(
                     "tensor {id} is lent to an RDMA transfer on rank {} (lease {lease}) and not released",
                     self.rank
                 );
-                self.tensors.insert(id, Err(placeholder.clone()));
+                self.tensors.insert(id, Err(lent_reason.clone()));
                 let lent = Lent {
                     id,
                     buffer,
-                    held: Some(held),
-                    placeholder: Some(placeholder),
+                    in_place: Some((held, lent_reason)),
                 };
                 self.lent.insert(lease, lent);
                 Ok(handle.to_bytes())
@@ -162,12 +160,12 @@ impl TensorWorker {
             return;
         };
         lent.buffer.deregister().await;
-        let (Some(held), Some(placeholder)) = (lent.held, lent.placeholder) else {
+        let Some((held, lent_reason)) = lent.in_place else {
             return;
         };
         let restored = reclaim(held).await;
         // Unless the id was given to another tensor meanwhile.
-        if matches!(self.tensors.get(&lent.id), Some(Err(reason)) if *reason == placeholder) {
+        if matches!(self.tensors.get(&lent.id), Some(Err(reason)) if *reason == lent_reason) {
             self.tensors.insert(lent.id, restored);
         }
     }
