@@ -20,6 +20,10 @@ use std::time::{Duration, Instant};
 use monarch_host::host::LogSink;
 use monarch_host::{LoadError, RunError, Sandbox, run_program};
 
+#[path = "support/cli.rs"]
+mod cli;
+use cli::{monarch_host, monarch_host_env};
+
 #[macro_use]
 mod guest_programs {
     include!(concat!(env!("OUT_DIR"), "/guest_programs.rs"));
@@ -193,10 +197,14 @@ fn ping_pong() {
 fn counter() {
     let run = run(Path::new(env!("GUEST_COUNTER")), &[], sandbox());
     run.assert_ok();
-    run.assert_logged("endpoint error: cannot add -1: counters only count up");
+    // The endpoint's error keeps its kind, origin and type name.
+    run.assert_logged(
+        "kind endpoint: the endpoint `add` at counters[1] returned an error: ValueError: cannot add -1: counters only count up",
+    );
     run.assert_logged("counter 1 lives on, still at 5");
-    run.assert_logged("supervision error: actor counters[2] failed: trapped in `crash`");
-    run.assert_logged("a call to the whole mesh fails: actor counters[2] failed");
+    // The trap is one failure, of kind trap, naming the endpoint.
+    run.assert_logged("kind trap: actor counters[2] failed in `crash`: trap: wasm trap");
+    run.assert_logged("a call to the whole mesh fails: actor counters[2] failed in `get`: trap");
     run.assert_logged("a new mesh on the same procs sums to 300");
 }
 
@@ -411,8 +419,8 @@ fn hog() {
     }
 }
 
-/// An actor that runs out of memory fails alone: its caller gets a
-/// supervision error and the controller returns Ok.
+/// An actor that runs out of memory fails alone: its caller gets an error
+/// of kind out-of-memory and the controller returns Ok.
 #[test]
 fn hog_in_an_actor_fails_the_actor_not_the_run() {
     let run = run(
@@ -425,7 +433,9 @@ fn hog_in_an_actor_fails_the_actor_not_the_run() {
     );
     run.assert_ok();
     run.assert_logged("[hogs[0]] hog 0 holds 16 MiB");
-    run.assert_logged("[controller] the hog failed: actor hogs[0] failed: trapped in `eat`");
+    run.assert_logged(
+        "[controller] the hog failed: actor hogs[0] failed in `eat`: out-of-memory: forcing trap when growing memory",
+    );
 }
 
 /// EX-6: a failure that no supervisor handles ends the run, naming the
@@ -560,93 +570,29 @@ fn missing_file_is_a_read_error() {
     }
 }
 
-/// What the `monarch-host` command did.
-struct Command {
-    /// The exit code; `None` if a signal ended it.
-    code: Option<i32>,
-    /// Its stdout, line by line, each with when it came.
-    stdout: Vec<(Duration, String)>,
-    stderr: String,
-    elapsed: Duration,
-}
-
-impl Command {
-    /// When the first stdout line that contains `needle` came.
-    fn printed_at(&self, needle: &str) -> Duration {
-        self.stdout
-            .iter()
-            .find(|(_, line)| line.contains(needle))
-            .map(|(at, _)| *at)
-            .unwrap_or_else(|| panic!("no line of stdout contains {needle:?}:\n{self:?}"))
-    }
-}
-
-impl std::fmt::Debug for Command {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(
-            f,
-            "exit code {:?} after {:?}; stdout:",
-            self.code, self.elapsed
-        )?;
-        for (_, line) in &self.stdout {
-            writeln!(f, "{line}")?;
-        }
-        write!(f, "stderr:\n{}", self.stderr)
-    }
-}
-
-/// Runs `monarch-host run ARGS...`; kills it and panics past `limit`.
-fn monarch_host(args: &[&str], limit: Duration) -> Command {
-    monarch_host_env(args, limit, &[])
-}
-
-/// [`monarch_host`] with environment variables.
-fn monarch_host_env(args: &[&str], limit: Duration, env: &[(&str, &str)]) -> Command {
-    use std::io::{BufRead, BufReader, Read};
-    use std::process::Stdio;
-
-    let started = Instant::now();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_monarch-host-cli"))
-        .arg("run")
-        .args(args)
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start monarch-host");
-    let stdout = BufReader::new(child.stdout.take().unwrap());
-    let stdout = std::thread::spawn(move || {
-        stdout
-            .lines()
-            .map_while(Result::ok)
-            .map(|line| (started.elapsed(), line))
-            .collect()
-    });
-    let mut stderr = child.stderr.take().unwrap();
-    let stderr = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stderr.read_to_string(&mut text);
-        text
-    });
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for monarch-host") {
-            break status;
-        }
-        if started.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("monarch-host {args:?} did not exit within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let elapsed = started.elapsed();
-    Command {
-        code: status.code(),
-        stdout: stdout.join().unwrap(),
-        stderr: stderr.join().unwrap(),
-        elapsed,
-    }
+/// semantics: structured errors and one failure per actor with procs in
+/// this process (`tests/semantics.rs` runs every mode across processes).
+#[test]
+fn semantics() {
+    let typed = run(
+        Path::new(env!("GUEST_SEMANTICS")),
+        &["typed-error"],
+        sandbox(),
+    );
+    typed.assert_ok();
+    typed.assert_logged("type=ValueError kind=endpoint message=bad value");
+    let trapped = run(
+        Path::new(env!("GUEST_SEMANTICS")),
+        &["trap-once"],
+        sandbox(),
+    );
+    trapped.assert_ok();
+    trapped.assert_logged("errors=3 kinds=trap,trap,trap");
+    trapped.assert_logged("failures=1");
+    let stopped = run(Path::new(env!("GUEST_SEMANTICS")), &["stopped"], sandbox());
+    stopped.assert_ok();
+    stopped.assert_logged("stopped-call kind=stopped");
+    stopped.assert_logged("stopped-procs kind=stopped");
 }
 
 /// `monarch-host run` places procs in child processes: every example runs

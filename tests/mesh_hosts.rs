@@ -197,7 +197,7 @@ async fn a_partitioned_host_fails_its_ranks_and_the_other_host_completes() {
     }
     for (rank, result, after) in &items {
         if rank % 2 == 1 {
-            let Err(RankError::Failed(reason)) = result else {
+            let Err(RankError::Lost(reason)) = result else {
                 panic!("rank {rank} on the cut-off host answered {result:?}")
             };
             assert!(reason.contains("lost with its host"), "{reason}");

@@ -172,7 +172,7 @@ async fn a_proc_killed_mid_call_fails_only_its_ranks() {
     items.sort_by_key(|(rank, _)| *rank);
     for (rank, result) in &items {
         match (rank, result) {
-            (2, Err(RankError::Failed(reason))) => {
+            (2, Err(RankError::Lost(reason))) => {
                 assert!(reason.contains("SIGKILL"), "{reason}")
             }
             (2, other) => panic!("rank 2 answered {other:?}"),

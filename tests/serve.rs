@@ -59,6 +59,8 @@ fn job(component: &str, args: &[&str], mesh: Option<MeshChoice>) -> JobRequest {
         args: args.iter().map(|a| a.to_string()).collect(),
         limits: None,
         mesh,
+        dirs: Vec::new(),
+        env: Vec::new(),
     }
 }
 

@@ -52,6 +52,8 @@ fn dashboard_shows_a_job_its_logs_and_the_mesh() {
         args: vec!["2".into()],
         limits: None,
         mesh: Some(MeshChoice::Name("workers".into())),
+        dirs: Vec::new(),
+        env: Vec::new(),
     };
     let id = rt.block_on(client.submit(&job)).expect("submit");
     let finished = wait_for_job(&rt, &server, id);

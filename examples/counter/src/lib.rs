@@ -1,10 +1,11 @@
 //! counter: errors are values. Three `Counter` actors; the controller
 //!
 //! 1. adds to all of them,
-//! 2. sends one a negative amount, which its endpoint refuses: an endpoint
-//!    error, and the actor lives on,
+//! 2. sends one a negative amount, which its endpoint refuses with a typed
+//!    error (`ValueError`): a call error of kind `endpoint`, and the actor
+//!    lives on,
 //! 3. makes another panic: its instance traps, the actor fails, and the
-//!    call ends with a supervision error,
+//!    call ends with an error of kind `trap` naming the actor and endpoint,
 //! 4. carries on: the other counters still answer, a call to the whole
 //!    mesh names the failed rank, and a new mesh on the same procs works.
 
@@ -57,9 +58,10 @@ impl Actor for Counter {
 }
 
 impl Handler<Add> for Counter {
-    async fn handle(&mut self, _cx: &Context, Add(amount): Add) -> Result<i64, String> {
+    async fn handle(&mut self, _cx: &Context, Add(amount): Add) -> Result<i64, EndpointError> {
         if amount < 0 {
-            return Err(format!("cannot add {amount}: counters only count up"));
+            let why = format!("cannot add {amount}: counters only count up");
+            return Err(EndpointError::new(why).with_type("ValueError"));
         }
         self.total += amount;
         Ok(self.total)
@@ -67,13 +69,13 @@ impl Handler<Add> for Counter {
 }
 
 impl Handler<Get> for Counter {
-    async fn handle(&mut self, _cx: &Context, _: Get) -> Result<i64, String> {
+    async fn handle(&mut self, _cx: &Context, _: Get) -> Result<i64, EndpointError> {
         Ok(self.total)
     }
 }
 
 impl Handler<Crash> for Counter {
-    async fn handle(&mut self, cx: &Context, _: Crash) -> Result<(), String> {
+    async fn handle(&mut self, cx: &Context, _: Crash) -> Result<(), EndpointError> {
         panic!("counter {} was asked to crash", cx.rank());
     }
 }
@@ -89,7 +91,14 @@ async fn main(_args: Vec<String>) -> Result<(), String> {
 
     info!("step 2: add -1 to counter 1");
     match counters.at("procs", 1)?.call_one(&Add(-1)).await {
-        Err(CallError::Endpoint { message, .. }) => info!("  endpoint error: {message}"),
+        Err(err) if err.kind() == ErrorKind::Endpoint => {
+            info!("  kind {}: {err}", err.kind());
+            info!(
+                "  type {}, message: {}",
+                err.type_name().unwrap_or("-"),
+                err.message()
+            );
+        }
         other => return Err(format!("expected an endpoint error, got {other:?}")),
     }
     let total = counters.at("procs", 1)?.call_one(&Get).await?;
@@ -103,8 +112,8 @@ async fn main(_args: Vec<String>) -> Result<(), String> {
     });
     info!("step 3: crash counter 2");
     match counters.at("procs", 2)?.call_one(&Crash).await {
-        Err(CallError::Supervision(failure)) => info!("  supervision error: {failure}"),
-        other => return Err(format!("expected a supervision error, got {other:?}")),
+        Err(err) if err.kind() == ErrorKind::Trap => info!("  kind {}: {err}", err.kind()),
+        other => return Err(format!("expected a trap, got {other:?}")),
     }
 
     info!("step 4: carry on");

@@ -44,7 +44,7 @@ impl Actor for Greeter {
 }
 
 impl Handler<Greet> for Greeter {
-    async fn handle(&mut self, _cx: &Context, _: Greet) -> Result<String, String> {
+    async fn handle(&mut self, _cx: &Context, _: Greet) -> Result<String, EndpointError> {
         Ok(format!("hello from rank {} of {}", self.rank, self.size))
     }
 }

@@ -63,7 +63,7 @@ impl Actor for Pinger {
 }
 
 impl Handler<Serve> for Pinger {
-    async fn handle(&mut self, _cx: &Context, serve: Serve) -> Result<u32, String> {
+    async fn handle(&mut self, _cx: &Context, serve: Serve) -> Result<u32, EndpointError> {
         let partner = serve.partner.resolve()?.at("procs", self.rank)?;
         let mut pongs = 0;
         for _ in 0..serve.rounds {
@@ -93,13 +93,9 @@ impl Actor for Ponger {
 }
 
 impl Handler<Ping> for Ponger {
-    async fn handle(&mut self, cx: &Context, ping: Ping) -> Result<u32, String> {
+    async fn handle(&mut self, cx: &Context, ping: Ping) -> Result<u32, EndpointError> {
         if ping.from != cx.rank() {
-            return Err(format!(
-                "ponger {} was hit by pinger {}",
-                cx.rank(),
-                ping.from
-            ));
+            return Err(format!("ponger {} was hit by pinger {}", cx.rank(), ping.from).into());
         }
         self.hits += 1;
         Ok(self.hits)
@@ -107,7 +103,7 @@ impl Handler<Ping> for Ponger {
 }
 
 impl Handler<Hits> for Ponger {
-    async fn handle(&mut self, _cx: &Context, _: Hits) -> Result<i64, String> {
+    async fn handle(&mut self, _cx: &Context, _: Hits) -> Result<i64, EndpointError> {
         Ok(i64::from(self.hits))
     }
 }

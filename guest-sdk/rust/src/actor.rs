@@ -9,15 +9,18 @@
 //!
 //! Each actor is its own instance of the program's component: the host
 //! calls `create` once on a fresh instance, then `handle` once per message.
-//! A handler's `Err` is an endpoint error that the caller sees as
-//! [`CallError::Endpoint`](crate::CallError::Endpoint) while the actor
-//! lives on; a panic traps the instance, which fails the actor, and callers
-//! see [`CallError::Supervision`](crate::CallError::Supervision).
+//! A handler's `Err` is an [`EndpointError`]: a caller that waits for the
+//! reply sees a [`CallError`](crate::CallError) of kind
+//! [`Endpoint`](crate::ErrorKind::Endpoint) (with the error's type name, if
+//! the handler gave one) and the actor lives on; after a `broadcast`, where
+//! nobody waits, the actor fails instead. A panic traps the instance, which
+//! fails the actor: callers see kind [`Trap`](crate::ErrorKind::Trap) and
+//! the owner gets a [`SupervisionFailure`].
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::error::SupervisionFailure;
+use crate::error::{EndpointError, SupervisionFailure};
 use crate::{Extent, block_on, codec};
 
 /// A message type, and so an endpoint: its name on the wire and the type of
@@ -50,7 +53,7 @@ pub trait Message: Serialize + DeserializeOwned + 'static {
 /// An actor class.
 ///
 /// ```
-/// use monarch_guest::{Actor, Context, Endpoints, Handler, Message};
+/// use monarch_guest::{Actor, Context, EndpointError, Endpoints, Handler, Message};
 /// # use serde::{Deserialize, Serialize};
 /// # #[derive(Serialize, Deserialize)]
 /// # struct Add(i64);
@@ -74,9 +77,10 @@ pub trait Message: Serialize + DeserializeOwned + 'static {
 /// }
 ///
 /// impl Handler<Add> for Counter {
-///     async fn handle(&mut self, _cx: &Context, Add(n): Add) -> Result<i64, String> {
+///     async fn handle(&mut self, _cx: &Context, Add(n): Add) -> Result<i64, EndpointError> {
 ///         if n < 0 {
-///             return Err(format!("cannot add {n}: counters only go up"));
+///             let why = format!("cannot add {n}: counters only go up");
+///             return Err(EndpointError::new(why).with_type("ValueError"));
 ///         }
 ///         self.total += n;
 ///         Ok(self.total)
@@ -110,7 +114,38 @@ pub trait Actor: Sized + 'static {
 }
 
 /// Handles one message type. The SDK awaits the handler before it takes the
-/// next message, so a handler may call other actors and await them.
+/// next message, so a handler may call other actors and await them (and
+/// [`sleep`](crate::sleep)).
+///
+/// The error is an [`EndpointError`]. Text converts into one
+/// (`Err("no such key".into())`, `Err(format!(..).into())`, `?` on a
+/// `Result<_, String>`), and so does a failed call's [`CallError`](crate::CallError), so `?`
+/// on a call passes the callee's error on; give it a type name with
+/// [`EndpointError::with_type`]:
+///
+/// ```
+/// # use monarch_guest::prelude::*;
+/// # use serde::{Deserialize, Serialize};
+/// # #[derive(Serialize, Deserialize)] struct Lookup(String);
+/// # impl Message for Lookup { const ENDPOINT: &'static str = "lookup"; type Reply = u64; }
+/// # struct Table(std::collections::HashMap<String, u64>);
+/// # impl Actor for Table {
+/// #     const CLASS: &'static str = "Table";
+/// #     type Init = ();
+/// #     fn create((): (), _cx: &Context) -> Result<Self, String> { Ok(Table(Default::default())) }
+/// #     fn endpoints(endpoints: &mut Endpoints<Self>) { endpoints.handle::<Lookup>(); }
+/// # }
+/// impl Handler<Lookup> for Table {
+///     async fn handle(&mut self, _cx: &Context, Lookup(key): Lookup) -> Result<u64, EndpointError> {
+///         if key.is_empty() {
+///             return Err("an empty key".into());
+///         }
+///         self.0.get(&key).copied().ok_or_else(|| {
+///             EndpointError::new(format!("no key {key:?}")).with_type("KeyError")
+///         })
+///     }
+/// }
+/// ```
 #[allow(async_fn_in_trait)] // Handlers run on this instance's one thread.
 #[diagnostic::on_unimplemented(
     message = "actor class `{Self}` does not handle the message `{M}`",
@@ -118,9 +153,9 @@ pub trait Actor: Sized + 'static {
     note = "implement `Handler<{M}>` for `{Self}` and list it in `Actor::endpoints`"
 )]
 pub trait Handler<M: Message>: Actor {
-    /// Handles `message`. `Err` is an endpoint error: the caller sees it and
-    /// the actor lives on.
-    async fn handle(&mut self, cx: &Context, message: M) -> Result<M::Reply, String>;
+    /// Handles `message`. `Err` is an endpoint error: a caller sees it and
+    /// the actor lives on (after a `broadcast`, the actor fails).
+    async fn handle(&mut self, cx: &Context, message: M) -> Result<M::Reply, EndpointError>;
 }
 
 /// Where an actor's handlers are listed; see [`Actor::endpoints`].
@@ -129,7 +164,7 @@ pub struct Endpoints<A> {
 }
 
 /// One endpoint's handler with the message and reply still encoded.
-type HandleFn<A> = fn(&mut A, &Context, &[u8]) -> Result<Vec<u8>, String>;
+type HandleFn<A> = fn(&mut A, &Context, &[u8]) -> Result<Vec<u8>, EndpointError>;
 
 impl<A: Actor> Endpoints<A> {
     pub(crate) fn of() -> Self {
@@ -161,14 +196,14 @@ impl<A: Actor> Endpoints<A> {
         cx: &Context,
         endpoint: &str,
         message: &[u8],
-    ) -> Result<Vec<u8>, String> {
+    ) -> Result<Vec<u8>, EndpointError> {
         match self.table.iter().find(|(name, _)| *name == endpoint) {
             Some((_, handle)) => handle(actor, cx, message),
-            None => Err(format!(
+            None => Err(EndpointError::new(format!(
                 "actor class `{}` has no endpoint `{endpoint}`; it has: {}",
                 A::CLASS,
                 self.names().collect::<Vec<_>>().join(", ")
-            )),
+            ))),
         }
     }
 }
@@ -177,12 +212,12 @@ fn handle_encoded<A: Handler<M>, M: Message>(
     actor: &mut A,
     cx: &Context,
     bytes: &[u8],
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, EndpointError> {
     let message: M = codec::decode(bytes)
         .map_err(|e| format!("endpoint `{}` cannot decode its message: {e}", M::ENDPOINT))?;
     let reply = block_on(actor.handle(cx, message))?;
     codec::encode(&reply)
-        .map_err(|e| format!("endpoint `{}` cannot encode its reply: {e}", M::ENDPOINT))
+        .map_err(|e| format!("endpoint `{}` cannot encode its reply: {e}", M::ENDPOINT).into())
 }
 
 /// Where an actor stands: its class, its rank and the shape of its mesh.
@@ -257,9 +292,9 @@ mod tests {
     }
 
     impl Handler<Add> for Counter {
-        async fn handle(&mut self, _cx: &Context, Add(n): Add) -> Result<i64, String> {
+        async fn handle(&mut self, _cx: &Context, Add(n): Add) -> Result<i64, EndpointError> {
             if n < 0 {
-                return Err(format!("cannot add {n}"));
+                return Err(EndpointError::new(format!("cannot add {n}")).with_type("ValueError"));
             }
             self.0 += n;
             Ok(self.0)
@@ -267,7 +302,11 @@ mod tests {
     }
 
     impl Handler<Where> for Counter {
-        async fn handle(&mut self, cx: &Context, _: Where) -> Result<(u32, Vec<u32>), String> {
+        async fn handle(
+            &mut self,
+            cx: &Context,
+            _: Where,
+        ) -> Result<(u32, Vec<u32>), EndpointError> {
             Ok((cx.rank(), cx.coords()))
         }
     }
@@ -281,7 +320,10 @@ mod tests {
             endpoints.dispatch(counter, &cx, "add", &codec::encode(&Add(n)).unwrap())
         };
         assert_eq!(add(&mut counter, 5), Ok(15i64.to_le_bytes().to_vec()));
-        assert_eq!(add(&mut counter, -1), Err("cannot add -1".to_string()));
+        assert_eq!(
+            add(&mut counter, -1),
+            Err(EndpointError::new("cannot add -1").with_type("ValueError"))
+        );
         assert_eq!(
             counter.0, 15,
             "an endpoint error leaves the state as it was"
@@ -302,13 +344,14 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             err,
-            "actor class `Counter` has no endpoint `sub`; it has: add, where"
+            "actor class `Counter` has no endpoint `sub`; it has: add, where".into()
         );
         let err = endpoints
             .dispatch(&mut Counter(0), &cx, "add", &[])
             .unwrap_err();
         assert!(
-            err.starts_with("endpoint `add` cannot decode its message"),
+            err.message()
+                .starts_with("endpoint `add` cannot decode its message"),
             "{err}"
         );
     }

@@ -27,7 +27,9 @@ pub(crate) type Done = Result<wit::Reply, wit::CallError>;
 /// A request in flight; await it for the reply.
 ///
 /// Made by the call methods of [`ActorMesh`](crate::ActorMesh). The output
-/// is `Result<T, CallError>`.
+/// is `Result<T, CallError>`. It is a
+/// [`FusedFuture`](futures::future::FusedFuture), so it can go straight into
+/// [`select!`](crate::select!).
 #[must_use = "the request is already sent; await the call for its reply"]
 pub struct Call<T> {
     state: State,
@@ -54,11 +56,7 @@ impl<T> Call<T> {
     pub(crate) fn refused(error: CallError) -> Self {
         Self {
             state: State::Refused(error),
-            decode: |_| {
-                Err(CallError::Invalid(
-                    "internal: a refused call was decoded".into(),
-                ))
-            },
+            decode: |_| Err(CallError::invalid("internal: a refused call was decoded")),
         }
     }
 }
@@ -76,17 +74,25 @@ impl<T> Future for Call<T> {
                 Poll::Ready(Some(wit::EventKind::Done(done))) => Poll::Ready((self.decode)(done)),
                 Poll::Ready(Some(other)) => {
                     try_with_reactor(|r| r.cancel(id));
-                    Poll::Ready(Err(CallError::Invalid(format!(
+                    Poll::Ready(Err(CallError::invalid(format!(
                         "the host answered request {id} with {other:?} instead of `done`"
                     ))))
                 }
-                Poll::Ready(None) => Poll::Ready(Err(CallError::Invalid(format!(
+                Poll::Ready(None) => Poll::Ready(Err(CallError::invalid(format!(
                     "internal: request {id} has no slot in the reactor"
                 )))),
             },
             State::Refused(error) => Poll::Ready(Err(error)),
             State::Finished => panic!("a monarch_guest::Call was polled after it completed"),
         }
+    }
+}
+
+/// A finished call is terminated, so a `Call` can go straight into
+/// [`select!`](crate::select!) without `.fuse()`.
+impl<T> futures::future::FusedFuture for Call<T> {
+    fn is_terminated(&self) -> bool {
+        matches!(self.state, State::Finished)
     }
 }
 
@@ -134,7 +140,7 @@ impl<T: DeserializeOwned + 'static> CallStream<T> {
     fn with_state(state: StreamState) -> Self {
         Self {
             state,
-            decode: |bytes| codec::decode(bytes).map_err(|e| CallError::Decode(e.to_string())),
+            decode: |bytes| codec::decode(bytes).map_err(|e| CallError::decode(e.to_string())),
         }
     }
 }
@@ -164,7 +170,7 @@ impl<T> Stream for CallStream<T> {
             Some(wit::EventKind::Done(Err(e))) => (Some((NO_RANK, Err(e.into()))), false),
             Some(other) => {
                 let why = format!("the host answered stream {id} with {other:?}");
-                (Some((NO_RANK, Err(CallError::Invalid(why)))), false)
+                (Some((NO_RANK, Err(CallError::invalid(why)))), false)
             }
         };
         if more {
@@ -189,10 +195,10 @@ impl<T> Drop for CallStream<T> {
 pub(crate) fn decode_single<T: DeserializeOwned + 'static>(done: Done) -> Result<T, CallError> {
     match done? {
         wit::Reply::Single(bytes) => {
-            codec::decode(&bytes).map_err(|e| CallError::Decode(e.to_string()))
+            codec::decode(&bytes).map_err(|e| CallError::decode(e.to_string()))
         }
-        wit::Reply::Gathered(_) => Err(CallError::Decode(
-            "expected one reply, the host gathered a value mesh".into(),
+        wit::Reply::Gathered(_) => Err(CallError::decode(
+            "expected one reply, the host gathered a value mesh",
         )),
     }
 }
@@ -203,8 +209,8 @@ pub(crate) fn decode_gathered<T: DeserializeOwned + 'static>(
 ) -> Result<ValueMesh<T>, CallError> {
     match done? {
         wit::Reply::Gathered(raw) => ValueMesh::decode(raw),
-        wit::Reply::Single(_) => Err(CallError::Decode(
-            "expected a value mesh, the host sent one reply".into(),
+        wit::Reply::Single(_) => Err(CallError::decode(
+            "expected a value mesh, the host sent one reply",
         )),
     }
 }
@@ -215,10 +221,10 @@ pub(crate) fn decode_concat<T: DeserializeOwned + 'static>(
 ) -> Result<Vec<T>, CallError> {
     match done? {
         wit::Reply::Single(bytes) => {
-            codec::decode_concat(&bytes).map_err(|e| CallError::Decode(e.to_string()))
+            codec::decode_concat(&bytes).map_err(|e| CallError::decode(e.to_string()))
         }
-        wit::Reply::Gathered(_) => Err(CallError::Decode(
-            "expected concatenated replies, the host gathered a value mesh".into(),
+        wit::Reply::Gathered(_) => Err(CallError::decode(
+            "expected concatenated replies, the host gathered a value mesh",
         )),
     }
 }
@@ -227,8 +233,8 @@ pub(crate) fn decode_concat<T: DeserializeOwned + 'static>(
 pub(crate) fn decode_raw(done: Done) -> Result<Vec<u8>, CallError> {
     match done? {
         wit::Reply::Single(bytes) => Ok(bytes),
-        wit::Reply::Gathered(_) => Err(CallError::Decode(
-            "expected one reduced reply, the host gathered a value mesh".into(),
+        wit::Reply::Gathered(_) => Err(CallError::decode(
+            "expected one reduced reply, the host gathered a value mesh",
         )),
     }
 }
@@ -255,11 +261,20 @@ impl<T: DeserializeOwned + 'static> Call<ValueMesh<T>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ErrorKind;
 
     #[test]
     fn host_errors_pass_through_every_decoder() {
-        let timeout = || Err(wit::CallError::Timeout(10));
-        let expected = CallError::Timeout(std::time::Duration::from_millis(10));
+        let timeout = || {
+            Err(wit::CallError {
+                kind: wit::ErrorKind::Timeout,
+                origin: None,
+                message: "no reply within 10 ms".into(),
+                type_name: None,
+                backtrace: None,
+            })
+        };
+        let expected = CallError::new(crate::ErrorKind::Timeout, "no reply within 10 ms");
         assert_eq!(decode_single::<i64>(timeout()), Err(expected.clone()));
         assert_eq!(decode_gathered::<i64>(timeout()), Err(expected.clone()));
         assert_eq!(decode_concat::<i64>(timeout()), Err(expected.clone()));
@@ -287,14 +302,15 @@ mod tests {
                 values: vec![vec![]],
             }))
         };
-        assert!(matches!(
-            decode_single::<i64>(gathered()),
-            Err(CallError::Decode(_))
-        ));
-        assert!(matches!(decode_raw(gathered()), Err(CallError::Decode(_))));
-        assert!(matches!(
-            decode_gathered::<i64>(Ok(wit::Reply::Single(vec![]))),
-            Err(CallError::Decode(_))
-        ));
+        let kind = |e: CallError| e.kind();
+        assert_eq!(
+            decode_single::<i64>(gathered()).map_err(kind),
+            Err(ErrorKind::Decode)
+        );
+        assert_eq!(decode_raw(gathered()).map_err(kind), Err(ErrorKind::Decode));
+        assert_eq!(
+            decode_gathered::<i64>(Ok(wit::Reply::Single(vec![]))).map_err(kind),
+            Err(ErrorKind::Decode)
+        );
     }
 }

@@ -22,9 +22,15 @@
 //!   [`next_failure`] or the supervisor ([`supervise`]) returns true; an
 //!   unhandled failure ends the controller's `main` with an error at its
 //!   next wait for the host.
-//! - EX-4: a future that is pending while no request is waiting for the host
-//!   and nothing woke it can never finish: `block_on` panics with a message
-//!   instead of waiting forever.
+//! - EX-4: a future that is pending while no request is waiting for the host,
+//!   no timer is pending and nothing woke it can never finish: `block_on`
+//!   panics with a message instead of waiting forever. A pending timer
+//!   ([`sleep`](crate::sleep)) can wake it, so a future waiting only on a
+//!   sleep is fine.
+//! - EX-7: timers never make `block_on` spin: while one is pending it asks
+//!   the host to wait until the earliest deadline, rounded up to whole
+//!   milliseconds (at most `WAIT_MS`), and wakes every timer that is due
+//!   after each wait.
 //! - EX-5: `block_on` may be nested (a handler that blocks inside an actor's
 //!   `handle`); events the inner loop fetches for the outer futures wake
 //!   them, and are not lost.
@@ -36,6 +42,7 @@ use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
 
 use crate::bindings::monarch::host::mesh as wit_mesh;
 use crate::bindings::monarch::host::types::{Event, EventKind};
@@ -86,6 +93,14 @@ pub(crate) struct Reactor {
     unhandled_waker: Option<Waker>,
     next_waiter: u64,
     dropped: u64,
+    /// Pending timers by deadline, then by key (EX-7).
+    timers: BTreeMap<(Instant, u64), Waker>,
+    next_timer: u64,
+    /// The call timeout and handler deadline the program set (`None`: not
+    /// set, the host's default), so that a per-call override can restore
+    /// them.
+    pub(crate) call_timeout: Option<Duration>,
+    pub(crate) handler_timeout: Option<Duration>,
 }
 
 fn is_final(kind: &EventKind) -> bool {
@@ -147,9 +162,60 @@ impl Reactor {
         self.slots.values().filter(|s| !s.finished).count() + self.failure_waiters.len()
     }
 
+    /// Arms (or re-arms, with a fresh waker) the timer `key` for
+    /// `deadline`; returns its key.
+    pub(crate) fn set_timer(&mut self, deadline: Instant, key: Option<u64>, waker: &Waker) -> u64 {
+        let key = key.unwrap_or_else(|| {
+            self.next_timer += 1;
+            self.next_timer
+        });
+        self.timers.insert((deadline, key), waker.clone());
+        key
+    }
+
+    /// Disarms a timer; nothing happens if it already fired.
+    pub(crate) fn cancel_timer(&mut self, deadline: Instant, key: u64) {
+        self.timers.remove(&(deadline, key));
+    }
+
+    /// The earliest pending deadline.
+    fn next_deadline(&self) -> Option<Instant> {
+        self.timers.keys().next().map(|(deadline, _)| *deadline)
+    }
+
+    /// Takes the wakers of the timers due at `now` (EX-7).
+    fn fire_timers(&mut self, now: Instant, wake: &mut Vec<Waker>) {
+        while let Some(entry) = self.timers.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            wake.push(entry.remove());
+        }
+    }
+
     #[cfg(test)]
     pub(crate) fn slots(&self) -> usize {
         self.slots.len()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn timers(&self) -> usize {
+        self.timers.len()
+    }
+}
+
+/// How long `next-events` may wait for the earliest timer due at
+/// `deadline`: whole milliseconds, rounded up so that the wait never ends
+/// before the deadline (EX-7), and at most [`WAIT_MS`].
+fn wait_ms(deadline: Option<Instant>, now: Instant) -> u64 {
+    match deadline {
+        Some(deadline) => {
+            let left = deadline.saturating_duration_since(now).as_nanos();
+            u64::try_from(left.div_ceil(1_000_000))
+                .unwrap_or(u64::MAX)
+                .min(WAIT_MS)
+        }
+        None => WAIT_MS,
     }
 }
 
@@ -214,19 +280,22 @@ pub(crate) fn block_on_with<F: Future>(source: &mut impl EventSource, future: F)
             return output;
         }
         while !flag.0.load(Ordering::Acquire) {
-            if with_reactor(|r| r.waiting_for_host()) == 0 {
+            let (waiting, deadline) = with_reactor(|r| (r.waiting_for_host(), r.next_deadline()));
+            if waiting == 0 && deadline.is_none() {
                 panic!(
                     "monarch_guest::block_on: the future is pending, yet no request is waiting \
-                     for the host and nothing woke it, so it can never finish; is it waiting on \
-                     something other than a call, a stream or next_failure?"
+                     for the host, no timer is set and nothing woke it, so it can never finish; \
+                     is it waiting on something other than a call, a stream, a sleep or \
+                     next_failure?"
                 );
             }
-            let events = source.next_events(MAX_EVENTS, WAIT_MS);
+            let events = source.next_events(MAX_EVENTS, wait_ms(deadline, Instant::now()));
             let mut wake = Vec::new();
             with_reactor(|r| {
                 for event in events {
                     r.deliver(event, &mut wake);
                 }
+                r.fire_timers(Instant::now(), &mut wake);
             });
             wake.extend(offer_failures());
             wake.into_iter().for_each(Waker::wake);
@@ -308,8 +377,9 @@ impl Future for Unhandled {
 
 /// Takes the failures that `failure` events reported so far: actors of the
 /// meshes this program owns that died outside any call, such as a
-/// `broadcast` that failed. Failures that a call reported come back as that
-/// call's [`CallError::Supervision`](crate::CallError::Supervision) instead.
+/// `broadcast` that failed. Each failed actor is reported once, here, even
+/// when calls that waited on it also ended with a
+/// [`CallError`](crate::CallError) naming it.
 ///
 /// Only events already fetched count; a `block_on` that awaited calls has
 /// fetched everything up to its last call's reply.
@@ -373,25 +443,43 @@ mod tests {
     use futures::future::join_all;
 
     /// Replays scripted batches of events; each `next_events` returns one
-    /// batch (at most `max` of it; the rest waits for the next call).
+    /// batch (at most `max` of it; the rest waits for the next call). It
+    /// records the timeouts it was asked for; once `waits` is set, it
+    /// sleeps for the timeout when it has no batch left, as the host waits
+    /// when no event comes.
     #[derive(Default)]
     struct Script {
         batches: VecDeque<Vec<Event>>,
         fetches: usize,
+        timeouts: Vec<u64>,
+        waits: bool,
     }
 
     impl Script {
         fn new(batches: impl IntoIterator<Item = Vec<Event>>) -> Self {
             Self {
                 batches: batches.into_iter().collect(),
-                fetches: 0,
+                ..Self::default()
+            }
+        }
+
+        /// A script that then waits out every timeout, like the host.
+        fn waiting(batches: impl IntoIterator<Item = Vec<Event>>) -> Self {
+            Self {
+                waits: true,
+                ..Self::new(batches)
             }
         }
     }
 
     impl EventSource for Script {
-        fn next_events(&mut self, max: u32, _timeout_ms: u64) -> Vec<Event> {
+        fn next_events(&mut self, max: u32, timeout_ms: u64) -> Vec<Event> {
             self.fetches += 1;
+            self.timeouts.push(timeout_ms);
+            if self.batches.is_empty() && self.waits {
+                std::thread::sleep(Duration::from_millis(timeout_ms));
+                return Vec::new();
+            }
             let mut batch = self.batches.pop_front().unwrap_or_default();
             if batch.len() > max as usize {
                 let rest = batch.split_off(max as usize);
@@ -412,7 +500,10 @@ mod tests {
         wit::SupervisionFailure {
             mesh: mesh.into(),
             rank,
+            kind: wit::ErrorKind::Trap,
+            endpoint: None,
             reason: "trapped".into(),
+            backtrace: None,
         }
     }
 
@@ -435,6 +526,17 @@ mod tests {
     #[test]
     fn ex1_a_stream_yields_items_in_arrival_order_then_ends() {
         let stream = CallStream::<String>::start(7);
+        let refused = wit::CallError {
+            kind: wit::ErrorKind::Endpoint,
+            origin: Some(wit::Origin {
+                mesh: "m".into(),
+                rank: 0,
+                endpoint: Some("s".into()),
+            }),
+            message: "no".into(),
+            type_name: None,
+            backtrace: None,
+        };
         let item = |rank: u32, r: Result<&str, wit::CallError>| Event {
             id: 7,
             kind: EventKind::Item((rank, r.map(|s| codec::encode(&s.to_string()).unwrap()))),
@@ -442,7 +544,7 @@ mod tests {
         let mut script = Script::new([
             vec![item(2, Ok("two"))],
             vec![
-                item(0, Err(wit::CallError::Endpoint((0, "no".into())))),
+                item(0, Err(refused.clone())),
                 item(1, Ok("one")),
                 Event {
                     id: 7,
@@ -455,13 +557,7 @@ mod tests {
             items,
             vec![
                 (2, Ok("two".to_string())),
-                (
-                    0,
-                    Err(CallError::Endpoint {
-                        rank: 0,
-                        message: "no".into()
-                    })
-                ),
+                (0, Err(CallError::from(refused))),
                 (1, Ok("one".to_string())),
             ]
         );
@@ -551,6 +647,112 @@ mod tests {
         let (inner, outer) = block_on_with(&mut outer_script, inner_then_outer);
         assert_eq!((inner, outer), (Ok(200), Ok(100)));
         assert_eq!(outer_script.fetches, 0, "the inner loop fetched everything");
+    }
+
+    #[test]
+    fn ex4_a_future_waiting_only_on_a_sleep_does_not_panic() {
+        let mut script = Script::waiting([]);
+        let start = Instant::now();
+        block_on_with(&mut script, crate::sleep(Duration::from_millis(30)));
+        assert!(start.elapsed() >= Duration::from_millis(30));
+        assert_eq!(with_reactor(|r| r.timers()), 0);
+    }
+
+    #[test]
+    fn ex7_a_sleep_asks_the_host_to_wait_until_its_deadline_without_spinning() {
+        let mut script = Script::waiting([]);
+        let start = Instant::now();
+        block_on_with(&mut script, crate::sleep(Duration::from_millis(40)));
+        let elapsed = start.elapsed();
+        assert!(elapsed >= Duration::from_millis(40), "{elapsed:?}");
+        // Rounded up: the first wait covers the whole sleep, so the host
+        // is asked at most once more (for what the rounding left).
+        let first = script.timeouts[0];
+        assert!((39..=40).contains(&first), "{:?}", script.timeouts);
+        assert!(script.fetches <= 2, "{:?}", script.timeouts);
+    }
+
+    #[test]
+    fn ex7_the_wait_is_the_earliest_deadline_in_whole_milliseconds() {
+        let now = Instant::now();
+        let at = |micros| Some(now + Duration::from_micros(micros));
+        assert_eq!(wait_ms(None, now), WAIT_MS);
+        assert_eq!(wait_ms(at(0), now), 0);
+        assert_eq!(wait_ms(at(1), now), 1, "never 0 before the deadline");
+        assert_eq!(wait_ms(at(2_500), now), 3);
+        assert_eq!(wait_ms(at(1_000_000_000_000), now), WAIT_MS);
+        assert_eq!(wait_ms(Some(now), now + Duration::from_secs(1)), 0);
+    }
+
+    #[test]
+    fn ex7_sleeps_end_in_deadline_order() {
+        let order = RefCell::new(Vec::new());
+        let sleeper = |ms: u64| {
+            let order = &order;
+            async move {
+                crate::sleep(Duration::from_millis(ms)).await;
+                order.borrow_mut().push(ms);
+            }
+        };
+        let mut script = Script::waiting([]);
+        block_on_with(
+            &mut script,
+            join_all([sleeper(30), sleeper(10), sleeper(20)]),
+        );
+        assert_eq!(order.into_inner(), [10, 20, 30]);
+        assert_eq!(with_reactor(|r| r.timers()), 0);
+    }
+
+    #[test]
+    fn ex2_a_timeout_around_a_call_that_never_replies_elapses_and_leaves_no_slot() {
+        let call = Call::<i64>::single(1);
+        let mut script = Script::waiting([]);
+        let start = Instant::now();
+        let result = block_on_with(&mut script, crate::timeout(Duration::from_millis(20), call));
+        assert_eq!(
+            result.map_err(|e| e.after()),
+            Err(Duration::from_millis(20))
+        );
+        assert!(start.elapsed() >= Duration::from_millis(20));
+        assert!(
+            script.timeouts.iter().all(|&ms| ms <= 20),
+            "{:?}",
+            script.timeouts
+        );
+        assert_eq!(with_reactor(|r| (r.slots(), r.timers())), (0, 0));
+    }
+
+    #[test]
+    fn a_timeout_around_a_call_that_replies_in_time_is_its_reply() {
+        let call = Call::<i64>::single(1);
+        let mut script = Script::waiting([vec![single(1, codec::encode(&9i64).unwrap())]]);
+        let result = block_on_with(&mut script, crate::timeout(Duration::from_secs(60), call));
+        assert_eq!(result, Ok(Ok(9)));
+        assert_eq!(with_reactor(|r| (r.slots(), r.timers())), (0, 0));
+    }
+
+    #[test]
+    fn select_between_a_call_and_a_sleep_takes_whichever_comes_first() {
+        let mut script = Script::waiting([vec![], vec![single(1, codec::encode(&3i64).unwrap())]]);
+        let winner = block_on_with(&mut script, async {
+            let mut call = Call::<i64>::single(1);
+            let mut long = crate::sleep(Duration::from_secs(60));
+            crate::select! {
+                reply = call => format!("call {reply:?}"),
+                () = long => "sleep".to_string(),
+            }
+        });
+        assert_eq!(winner, "call Ok(3)");
+
+        let mut script = Script::waiting([]);
+        let winner = block_on_with(&mut script, async {
+            crate::select! {
+                reply = Call::<i64>::single(2) => format!("call {reply:?}"),
+                () = crate::sleep(Duration::from_millis(10)) => "sleep".to_string(),
+            }
+        });
+        assert_eq!(winner, "sleep");
+        assert_eq!(with_reactor(|r| (r.slots(), r.timers())), (0, 0));
     }
 
     #[test]

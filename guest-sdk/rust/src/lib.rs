@@ -16,16 +16,26 @@
 //!   (`sum_i64`...), `call_one`, `choose`, `stream` and `broadcast`. A
 //!   [`MeshRef`] carries a mesh inside a message.
 //! - **Errors as values**: every call ends with `Result<_, CallError>`; an
-//!   endpoint's `Err`, a trapped actor and a timeout are each a
-//!   [`CallError`] variant, never a trap in the caller.
+//!   endpoint's `Err` ([`EndpointError`], with an optional type name), a
+//!   trapped actor, a handler past its deadline, a stopped mesh, a lost
+//!   proc and a timeout are each a [`CallError`] of its own [`ErrorKind`],
+//!   naming the mesh, rank and endpoint, never a trap in the caller.
 //! - **Supervision**: an actor or proc of the program's meshes that fails
-//!   (a trap, an exit, a kill, a lost host) is offered to the supervisor set
-//!   with [`supervise`] or to a task awaiting [`next_failure`]; a failure
-//!   nobody handles ends `main` with an error, as in Monarch.
+//!   (a trap, a deadline, an exit, a kill, a lost host, an error returned
+//!   to a broadcast) is reported once, to the supervisor set with
+//!   [`supervise`] or to a task awaiting [`next_failure`]; a failure nobody
+//!   handles ends `main` with an error, as in Monarch.
+//! - **Deadlines**: a handler deadline per mesh ([`SpawnOptions`]), per
+//!   program ([`set_handler_timeout`]) or per handle
+//!   ([`ActorMesh::with_handler_timeout`]); a call timeout likewise
+//!   ([`set_call_timeout`], [`ActorMesh::with_call_timeout`]).
 //! - **Async without threads**: calls are futures, driven by [`block_on`]
 //!   over the host's event mailbox, so a controller can await thousands at
 //!   once (`futures::future::join_all`), and a handler can call other
-//!   actors and await them.
+//!   actors and await them. [`sleep`], [`timeout`] and [`select!`] wait on
+//!   the same loop, without busy-waiting.
+//! - **Procs**: [`ProcMesh::info`] says where each proc runs and whether it
+//!   does; [`ProcMesh::kill`] signals one, to test fault handling.
 //! - **Tensors and RDMA buffers** that live on the procs, not in the
 //!   program: [`tensor::TensorEngine`] makes sharded tensors on a proc mesh
 //!   (ops queued without waiting, all-reduces across a mesh dimension,
@@ -84,16 +94,16 @@
 //! }
 //!
 //! impl Handler<Greet> for Greeter {
-//!     async fn handle(&mut self, _cx: &Context, greet: Greet) -> Result<String, String> {
+//!     async fn handle(&mut self, _cx: &Context, greet: Greet) -> Result<String, EndpointError> {
 //!         if greet.from.is_empty() {
-//!             return Err("greet whom? `from` is empty".into());
+//!             return Err(EndpointError::new("greet whom? `from` is empty").with_type("ValueError"));
 //!         }
 //!         Ok(format!("hello {} from rank {} of {}", greet.from, self.rank, self.size))
 //!     }
 //! }
 //!
 //! impl Handler<Rank> for Greeter {
-//!     async fn handle(&mut self, _cx: &Context, _: Rank) -> Result<i64, String> {
+//!     async fn handle(&mut self, _cx: &Context, _: Rank) -> Result<i64, EndpointError> {
 //!         Ok(i64::from(self.rank))
 //!     }
 //! }
@@ -112,7 +122,8 @@
 //!     info!("the ranks add up to {total}");
 //!
 //!     match greeters.at("gpus", 2)?.call_one(&Greet { from: String::new() }).await {
-//!         Err(CallError::Endpoint { rank, message }) => info!("rank {rank} said no: {message}"),
+//!         // "the endpoint `greet` at greeters[2] returned an error: ValueError: greet whom?..."
+//!         Err(err) if err.kind() == ErrorKind::Endpoint => info!("{err}"),
 //!         other => return Err(format!("expected an endpoint error, got {other:?}")),
 //!     }
 //!     Ok(())
@@ -140,7 +151,8 @@
 //!   [`Actor::CLASS`] is `class` among those listed in `program!`, decodes
 //!   `init` as its [`Actor::Init`] and calls [`Actor::create`].
 //! - `handle(endpoint, message)` finds the handler listed for `endpoint`,
-//!   decodes the message, awaits the handler and encodes its reply. An
+//!   decodes the message, awaits the handler and encodes its reply; the
+//!   handler's [`EndpointError`] becomes the WIT `endpoint-error`. An
 //!   unknown endpoint or undecodable message is an endpoint error.
 //! - `supervise(failure)` calls [`Actor::supervise`].
 //!
@@ -165,6 +177,7 @@ mod mesh;
 mod program;
 pub mod rdma;
 pub mod tensor;
+pub mod time;
 mod value_mesh;
 
 /// The bindings that `wit-bindgen` generates for the world `program` of
@@ -183,16 +196,43 @@ pub mod bindings {
 
 pub use actor::{Actor, Context, Endpoints, Handler, Message};
 pub use call::{Call, CallStream, NO_RANK};
-pub use error::{CallError, MeshError, SupervisionFailure};
+pub use error::{CallError, EndpointError, ErrorKind, MeshError, Origin, SupervisionFailure};
 pub use executor::{NextFailure, block_on, next_failure, supervise, take_failures};
 pub use extent::{Dim, Extent, Selector, SliceDim};
-pub use mesh::{ActorMesh, MeshRef, ProcMesh, Reducer, set_call_timeout, spawn_procs};
+pub use mesh::{
+    ActorMesh, MeshRef, ProcInfo, ProcMesh, ProcState, Reducer, SpawnOptions, set_call_timeout,
+    set_handler_timeout, spawn_procs,
+};
+pub use time::{Elapsed, Sleep, sleep, sleep_until, timeout};
 pub use value_mesh::ValueMesh;
 
 /// The `futures` crate, for combinators such as
 /// [`join_all`](futures::future::join_all) and
 /// [`StreamExt`](futures::StreamExt).
 pub use futures;
+
+/// Waits for the first of several futures: [`futures::select!`]. Each
+/// branch's future must be a [`FusedFuture`](futures::future::FusedFuture):
+/// a [`Call`] and a [`Sleep`] are; `.fuse()` (from
+/// [`FutureExt`](futures::FutureExt)) makes any other one so.
+///
+/// ```
+/// # async fn example() {
+/// use std::time::Duration;
+/// use monarch_guest::{select, sleep};
+///
+/// let winner = select! {
+///     () = sleep(Duration::from_millis(50)) => "short",
+///     () = sleep(Duration::from_secs(5)) => "long",
+/// };
+/// assert_eq!(winner, "short");
+/// # }
+/// ```
+pub use futures::select;
+
+/// [`select!`] that polls its branches in the order written:
+/// [`futures::select_biased!`].
+pub use futures::select_biased;
 
 /// The names most programs use: `use monarch_guest::prelude::*;`. It also
 /// brings [`StreamExt`](futures::StreamExt) into scope, to read a
@@ -201,8 +241,9 @@ pub mod prelude {
     pub use futures::StreamExt as _;
 
     pub use crate::{
-        Actor, ActorMesh, CallError, Context, Endpoints, Extent, Handler, MeshRef, Message,
-        ProcMesh, SliceDim, ValueMesh, block_on, debug, error, extent, info, spawn_procs, warn,
+        Actor, ActorMesh, CallError, Context, EndpointError, Endpoints, ErrorKind, Extent, Handler,
+        MeshRef, Message, ProcMesh, SliceDim, ValueMesh, block_on, debug, error, extent, info,
+        sleep, spawn_procs, warn,
     };
 }
 

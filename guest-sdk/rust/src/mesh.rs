@@ -1,6 +1,6 @@
 //! Meshes: [`ProcMesh`] (procs arranged in an extent) and [`ActorMesh`]
 //! (actors of a class on the procs of a proc mesh: one on every proc, or
-//! several with [`ProcMesh::spawn_many`]), and the ways to call an actor
+//! several with [`ProcMesh::spawn_with`]), and the ways to call an actor
 //! mesh.
 //!
 //! Which call to make:
@@ -13,10 +13,52 @@
 //! | [`ActorMesh::call_one`] | the one actor of a single-actor mesh | its reply |
 //! | [`ActorMesh::choose`] | the actor with the fewest calls in flight | its reply |
 //! | [`ActorMesh::stream`] | every actor | each rank's reply as it arrives |
-//! | [`ActorMesh::broadcast`] | every actor | nothing; a failure becomes a [`take_failures`](crate::take_failures) entry |
+//! | [`ActorMesh::broadcast`] | every actor | only an error known at once; an actor's failure becomes a failure event ([`supervise`](crate::supervise), [`next_failure`](crate::next_failure)) |
 //!
 //! Each method sends the request before it returns. Handles are cheap to
 //! clone: clones name the same mesh.
+//!
+//! # Deadlines
+//!
+//! Two limits apply to a request: the *call timeout*, how long the caller
+//! waits for a reply (kind [`Timeout`](crate::ErrorKind::Timeout); the actor
+//! lives on), and the *handler deadline*, how long an actor's handler may
+//! run before it is interrupted and the actor fails (kind
+//! [`Deadline`](crate::ErrorKind::Deadline)). Set them for a mesh when it is
+//! spawned ([`SpawnOptions::handler_timeout`]), for every request from now
+//! on ([`set_call_timeout`], [`set_handler_timeout`]), or for the requests
+//! of one handle ([`ActorMesh::with_call_timeout`],
+//! [`ActorMesh::with_handler_timeout`]):
+//!
+//! ```
+//! # use monarch_guest::prelude::*;
+//! # use serde::{Deserialize, Serialize};
+//! # #[derive(Serialize, Deserialize)] struct Step;
+//! # impl Message for Step { const ENDPOINT: &'static str = "step"; type Reply = (); }
+//! # struct Worker;
+//! # impl Actor for Worker {
+//! #     const CLASS: &'static str = "Worker";
+//! #     type Init = ();
+//! #     fn create((): (), _cx: &Context) -> Result<Self, String> { Ok(Worker) }
+//! #     fn endpoints(endpoints: &mut Endpoints<Self>) { endpoints.handle::<Step>(); }
+//! # }
+//! # impl Handler<Step> for Worker {
+//! #     async fn handle(&mut self, _cx: &Context, _: Step) -> Result<(), EndpointError> { Ok(()) }
+//! # }
+//! use std::time::Duration;
+//! use monarch_guest::SpawnOptions;
+//!
+//! # async fn example() -> Result<(), String> {
+//! let procs = spawn_procs(&extent!(procs = 2))?;
+//! let options = SpawnOptions::new().handler_timeout(Duration::from_secs(10));
+//! let workers = procs.spawn_with::<Worker>("workers", &(), options)?;
+//! workers.call(&Step).await?; // each handler gets 10 s
+//! workers
+//!     .with_handler_timeout(Duration::from_millis(300))
+//!     .call(&Step)
+//!     .await?; // this one request's handlers get 300 ms
+//! # Ok(()) }
+//! ```
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -29,6 +71,7 @@ use crate::actor::{Actor, Handler, Message};
 use crate::bindings::monarch::host::mesh as wit_mesh;
 use crate::bindings::monarch::host::types as wit;
 use crate::call::{self, Call, CallStream};
+use crate::executor::with_reactor;
 use crate::extent::to_wit_slice;
 use crate::{CallError, Extent, MeshError, SliceDim, ValueMesh, codec};
 
@@ -46,9 +89,144 @@ pub fn spawn_procs(extent: &Extent) -> Result<ProcMesh, MeshError> {
 }
 
 /// Sets the timeout for the requests made from now on. A request with no
-/// reply by then ends with [`CallError::Timeout`].
+/// reply by then ends with a [`CallError`] of kind
+/// [`Timeout`](crate::ErrorKind::Timeout). Until it is set, the host's
+/// default applies (`monarch-host run --call-timeout`, 60 s unless given).
 pub fn set_call_timeout(timeout: Duration) {
-    wit_mesh::set_call_timeout(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
+    with_reactor(|r| r.call_timeout = Some(timeout));
+    wit_mesh::set_call_timeout(millis(timeout));
+}
+
+/// Sets the handler deadline of the requests made from now on: each
+/// actor's handler for them must finish within it, or it is interrupted
+/// and the actor fails with kind [`Deadline`](crate::ErrorKind::Deadline).
+/// `None` leaves it to each mesh ([`SpawnOptions::handler_timeout`], else
+/// the host's default).
+pub fn set_handler_timeout(timeout: Option<Duration>) {
+    with_reactor(|r| r.handler_timeout = timeout);
+    wit_mesh::set_handler_timeout(timeout.map(millis));
+}
+
+/// What the host assumes when a program never set a call timeout
+/// (`set-call-timeout` has no way to go back to the host's own default).
+const HOST_DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// How an actor mesh is spawned ([`ProcMesh::spawn_with`]): actors per
+/// proc, and a handler deadline.
+///
+/// ```
+/// use std::time::Duration;
+/// use monarch_guest::{SpawnOptions, extent};
+///
+/// let options = SpawnOptions::new()
+///     .per_proc(extent!(gpus = 8))
+///     .handler_timeout(Duration::from_secs(30));
+/// assert_eq!(options.per_proc, extent!(gpus = 8));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpawnOptions {
+    /// Actors on each proc, as an extent appended to the proc mesh's (with
+    /// names of its own). Empty: one actor per proc.
+    pub per_proc: Extent,
+    /// The most time one handler (`create`, a message, `supervise`) may
+    /// take; past it the handler is interrupted and the actor fails with
+    /// kind [`Deadline`](crate::ErrorKind::Deadline). `None`: the host's
+    /// default (`monarch-host run --handler-timeout`, none unless given).
+    pub handler_timeout: Option<Duration>,
+}
+
+impl SpawnOptions {
+    /// One actor per proc, the host's handler deadline.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An actor for every point of `per_proc` on every proc.
+    pub fn per_proc(mut self, per_proc: Extent) -> Self {
+        self.per_proc = per_proc;
+        self
+    }
+
+    /// A handler deadline for every actor of the mesh.
+    pub fn handler_timeout(mut self, timeout: Duration) -> Self {
+        self.handler_timeout = Some(timeout);
+        self
+    }
+}
+
+impl From<&SpawnOptions> for wit::SpawnOptions {
+    fn from(o: &SpawnOptions) -> Self {
+        Self {
+            per_proc: (&o.per_proc).into(),
+            handler_timeout_ms: o.handler_timeout.map(millis),
+        }
+    }
+}
+
+/// What is known of one proc of a proc mesh ([`ProcMesh::info`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcInfo {
+    /// The proc's rank in the proc mesh.
+    pub rank: u32,
+    /// The proc's id (`name@address`).
+    pub id: String,
+    /// The host it runs on: the agent's address, or `local`.
+    pub host: String,
+    /// Its OS process id, when it has a process of its own.
+    pub pid: Option<u32>,
+    /// Whether it runs.
+    pub state: ProcState,
+}
+
+/// Whether a proc runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProcState {
+    /// Running.
+    Running,
+    /// Stopped by its owner.
+    Stopped,
+    /// It exited, was killed, or its host was lost: why.
+    Failed(String),
+}
+
+impl ProcState {
+    /// `running`, `stopped` or `failed`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ProcState::Running => "running",
+            ProcState::Stopped => "stopped",
+            ProcState::Failed(_) => "failed",
+        }
+    }
+}
+
+impl fmt::Display for ProcState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProcState::Failed(why) => write!(f, "failed: {why}"),
+            other => f.write_str(other.name()),
+        }
+    }
+}
+
+impl From<wit::ProcInfo> for ProcInfo {
+    fn from(p: wit::ProcInfo) -> Self {
+        Self {
+            rank: p.rank,
+            id: p.id,
+            host: p.host,
+            pid: p.pid,
+            state: match p.state {
+                wit::ProcState::Running => ProcState::Running,
+                wit::ProcState::Stopped => ProcState::Stopped,
+                wit::ProcState::Failed(why) => ProcState::Failed(why),
+            },
+        }
+    }
 }
 
 /// Procs arranged in an extent. Actors are spawned on them.
@@ -88,18 +266,18 @@ impl ProcMesh {
             .map_err(|e| MeshError::new(what(), e))
     }
 
-    /// Like [`spawn`](Self::spawn), with an actor for every point of
-    /// `per_proc` on every proc: several actors of a class in each proc
-    /// (one per GPU of a host proc, say).
+    /// Like [`spawn`](Self::spawn), with [`SpawnOptions`]: several actors
+    /// per proc, a handler deadline.
     ///
-    /// The new mesh's extent is this mesh's dimensions followed by
-    /// `per_proc`'s, whose names must differ from this mesh's. Ranks stay
-    /// row-major, so the actors of one proc hold consecutive ranks: on
-    /// procs `procs=2`, a `per_proc` of `workers=4` makes the mesh
-    /// `procs=2, workers=4`, whose ranks 0..4 live on the first proc and
-    /// 4..8 on the second. Each actor's [`Context::extent`] and
-    /// [`Context::rank`] are this whole extent and its rank in it. An
-    /// empty `per_proc` is [`spawn`](Self::spawn).
+    /// With a `per_proc` extent, there is an actor for every point of it on
+    /// every proc (one per GPU of a host proc, say). The new mesh's extent
+    /// is this mesh's dimensions followed by `per_proc`'s, whose names must
+    /// differ from this mesh's. Ranks stay row-major, so the actors of one
+    /// proc hold consecutive ranks: on procs `procs=2`, a `per_proc` of
+    /// `workers=4` makes the mesh `procs=2, workers=4`, whose ranks 0..4
+    /// live on the first proc and 4..8 on the second. Each actor's
+    /// [`Context::extent`] and [`Context::rank`] are this whole extent and
+    /// its rank in it.
     ///
     /// ```
     /// # use monarch_guest::prelude::*;
@@ -111,34 +289,73 @@ impl ProcMesh {
     /// #     fn endpoints(_endpoints: &mut Endpoints<Self>) {}
     /// # }
     /// # fn example() -> Result<(), monarch_guest::MeshError> {
+    /// use std::time::Duration;
+    /// use monarch_guest::SpawnOptions;
+    ///
     /// let procs = spawn_procs(&extent!(procs = 2))?;
-    /// let workers = procs.spawn_many::<Worker>("workers", &(), &extent!(workers = 4))?;
+    /// let options = SpawnOptions::new()
+    ///     .per_proc(extent!(workers = 4))
+    ///     .handler_timeout(Duration::from_secs(5));
+    /// let workers = procs.spawn_with::<Worker>("workers", &(), options)?;
     /// assert_eq!(workers.extent(), extent!(procs = 2, workers = 4));
     /// # Ok(()) }
     /// ```
     ///
     /// [`Context::extent`]: crate::Context::extent
     /// [`Context::rank`]: crate::Context::rank
+    pub fn spawn_with<A: Actor>(
+        &self,
+        name: &str,
+        init: &A::Init,
+        options: SpawnOptions,
+    ) -> Result<ActorMesh<A>, MeshError> {
+        let what = || {
+            let mut what = format!("spawning `{name}` (class {}", A::CLASS);
+            if !options.per_proc.dims().is_empty() {
+                what += &format!(", {} per proc", options.per_proc);
+            }
+            if let Some(timeout) = options.handler_timeout {
+                what += &format!(", handler deadline {} ms", timeout.as_millis());
+            }
+            what + ")"
+        };
+        let init = codec::encode(init).map_err(|e| MeshError::new(what(), e.to_string()))?;
+        self.raw
+            .spawn_with(name, A::CLASS, &init, &wit::SpawnOptions::from(&options))
+            .map(ActorMesh::from_raw)
+            .map_err(|e| MeshError::new(what(), e))
+    }
+
+    /// [`spawn_with`](Self::spawn_with) with only
+    /// [`per_proc`](SpawnOptions::per_proc) set: an actor for every point
+    /// of `per_proc` on every proc.
     pub fn spawn_many<A: Actor>(
         &self,
         name: &str,
         init: &A::Init,
         per_proc: &Extent,
     ) -> Result<ActorMesh<A>, MeshError> {
-        let what = || {
-            format!(
-                "spawning `{name}` (class {}, {per_proc} per proc)",
-                A::CLASS
-            )
-        };
-        let init = codec::encode(init).map_err(|e| MeshError::new(what(), e.to_string()))?;
-        self.raw
-            .spawn_many(name, A::CLASS, &init, &wit::Extent::from(per_proc))
-            .map(ActorMesh::from_raw)
-            .map_err(|e| MeshError::new(what(), e))
+        self.spawn_with(name, init, SpawnOptions::new().per_proc(per_proc.clone()))
     }
 
-    /// Stops the procs and every actor on them.
+    /// Each proc's id, host, OS process id and state, in rank order.
+    pub fn info(&self) -> Vec<ProcInfo> {
+        self.raw.info().into_iter().map(ProcInfo::from).collect()
+    }
+
+    /// Sends `signal` (9 for SIGKILL, 15 for SIGTERM...) to the process of
+    /// the proc at `rank`, to test a program's own fault handling: its
+    /// actors fail with kind [`ProcLost`](crate::ErrorKind::ProcLost). Only
+    /// procs this program started may be killed (not a persistent mesh's,
+    /// not procs inside the host's process).
+    pub fn kill(&self, rank: u32, signal: i32) -> Result<(), MeshError> {
+        self.raw
+            .kill(rank, signal)
+            .map_err(|e| MeshError::new(format!("killing proc {rank} with signal {signal}"), e))
+    }
+
+    /// Stops the procs and every actor on them; requests to those actors
+    /// fail at once with kind [`Stopped`](crate::ErrorKind::Stopped).
     pub fn stop(&self) {
         self.raw.stop();
     }
@@ -190,19 +407,57 @@ impl From<Reducer> for wit::Reducer {
 
 /// Actors of class `A` arranged in an extent: one per proc of the mesh they
 /// were spawned on ([`ProcMesh::spawn`]), or one per point of a per-proc
-/// extent on every proc ([`ProcMesh::spawn_many`]).
+/// extent on every proc ([`ProcMesh::spawn_with`]).
 ///
 /// The call methods accept only the messages `A` handles (`A: Handler<M>`),
 /// and decode replies as `M::Reply`.
 pub struct ActorMesh<A> {
     raw: Rc<wit_mesh::ActorMesh>,
+    /// Overrides for the requests made through this handle.
+    options: CallOptions,
     class: PhantomData<fn() -> A>,
+}
+
+/// Per-handle overrides of the call timeout and handler deadline (see
+/// [`ActorMesh::with_call_timeout`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct CallOptions {
+    call_timeout: Option<Duration>,
+    handler_timeout: Option<Duration>,
+}
+
+impl CallOptions {
+    /// Makes one request with these overrides: sets them, runs `request`
+    /// (which sends it), and restores the program's own values at once, so
+    /// that later requests are not affected.
+    fn around<R>(self, request: impl FnOnce() -> R) -> R {
+        if self == CallOptions::default() {
+            return request();
+        }
+        let (call_before, handler_before) = with_reactor(|r| (r.call_timeout, r.handler_timeout));
+        if let Some(timeout) = self.call_timeout {
+            wit_mesh::set_call_timeout(millis(timeout));
+        }
+        if let Some(timeout) = self.handler_timeout {
+            wit_mesh::set_handler_timeout(Some(millis(timeout)));
+        }
+        let sent = request();
+        if self.call_timeout.is_some() {
+            let before = call_before.unwrap_or(HOST_DEFAULT_CALL_TIMEOUT);
+            wit_mesh::set_call_timeout(millis(before));
+        }
+        if self.handler_timeout.is_some() {
+            wit_mesh::set_handler_timeout(handler_before.map(millis));
+        }
+        sent
+    }
 }
 
 impl<A> Clone for ActorMesh<A> {
     fn clone(&self) -> Self {
         Self {
             raw: self.raw.clone(),
+            options: self.options,
             class: PhantomData,
         }
     }
@@ -221,8 +476,55 @@ impl<A: Actor> ActorMesh<A> {
     fn from_raw(raw: wit_mesh::ActorMesh) -> Self {
         Self {
             raw: Rc::new(raw),
+            options: CallOptions::default(),
             class: PhantomData,
         }
+    }
+
+    /// A handle to the same mesh whose requests wait at most `timeout` for
+    /// a reply (kind [`Timeout`](crate::ErrorKind::Timeout) after it),
+    /// whatever [`set_call_timeout`] says. Other handles are unaffected.
+    ///
+    /// If the program never called [`set_call_timeout`], each request
+    /// through this handle leaves the host's call timeout at 60 s after
+    /// it: the WIT cannot restore a `--call-timeout` the host was given.
+    pub fn with_call_timeout(&self, timeout: Duration) -> Self {
+        let mut mesh = self.clone();
+        mesh.options.call_timeout = Some(timeout);
+        mesh
+    }
+
+    /// A handle to the same mesh whose requests give each actor's handler
+    /// at most `timeout` (kind [`Deadline`](crate::ErrorKind::Deadline),
+    /// and the actor fails, after it), whatever the mesh's
+    /// [`SpawnOptions::handler_timeout`] or [`set_handler_timeout`] say.
+    /// Other handles are unaffected.
+    ///
+    /// ```
+    /// # use monarch_guest::prelude::*;
+    /// # use serde::{Deserialize, Serialize};
+    /// # #[derive(Serialize, Deserialize)] struct Step;
+    /// # impl Message for Step { const ENDPOINT: &'static str = "step"; type Reply = (); }
+    /// # struct Worker;
+    /// # impl Actor for Worker {
+    /// #     const CLASS: &'static str = "Worker";
+    /// #     type Init = ();
+    /// #     fn create((): (), _cx: &Context) -> Result<Self, String> { Ok(Worker) }
+    /// #     fn endpoints(endpoints: &mut Endpoints<Self>) { endpoints.handle::<Step>(); }
+    /// # }
+    /// # impl Handler<Step> for Worker {
+    /// #     async fn handle(&mut self, _cx: &Context, _: Step) -> Result<(), EndpointError> { Ok(()) }
+    /// # }
+    /// # async fn example(workers: ActorMesh<Worker>) -> Result<(), CallError> {
+    /// use std::time::Duration;
+    /// let quick = workers.with_handler_timeout(Duration::from_millis(300));
+    /// quick.call(&Step).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_handler_timeout(&self, timeout: Duration) -> Self {
+        let mut mesh = self.clone();
+        mesh.options.handler_timeout = Some(timeout);
+        mesh
     }
 
     /// The mesh's name.
@@ -246,10 +548,16 @@ impl<A: Actor> ActorMesh<A> {
     }
 
     /// A sub-mesh; see [`SliceDim`]. A slice sees its parent's failures.
+    /// A slice keeps this handle's overrides
+    /// ([`with_handler_timeout`](Self::with_handler_timeout)...).
     pub fn slice(&self, dims: &[SliceDim]) -> Result<ActorMesh<A>, MeshError> {
+        let options = self.options;
         self.raw
             .slice(&to_wit_slice(dims))
-            .map(Self::from_raw)
+            .map(|raw| ActorMesh {
+                options,
+                ..Self::from_raw(raw)
+            })
             .map_err(|e| MeshError::new(format!("slicing `{}`", self.name()), e))
     }
 
@@ -268,7 +576,8 @@ impl<A: Actor> ActorMesh<A> {
     {
         match encode_message(message) {
             Ok(bytes) => Call::in_flight(
-                self.raw.call(M::ENDPOINT, &bytes, None),
+                self.options
+                    .around(|| self.raw.call(M::ENDPOINT, &bytes, None)),
                 call::decode_gathered::<M::Reply>,
             ),
             Err(e) => Call::refused(e),
@@ -351,7 +660,8 @@ impl<A: Actor> ActorMesh<A> {
     ) -> Call<T> {
         match encode_message(message) {
             Ok(bytes) => Call::in_flight(
-                self.raw.call(M::ENDPOINT, &bytes, Some(reducer.into())),
+                self.options
+                    .around(|| self.raw.call(M::ENDPOINT, &bytes, Some(reducer.into()))),
                 decode,
             ),
             Err(e) => Call::refused(e),
@@ -359,7 +669,8 @@ impl<A: Actor> ActorMesh<A> {
     }
 
     /// Calls `M`'s endpoint on the mesh's only actor; a mesh of any other
-    /// size ends the call with [`CallError::Invalid`]. Use
+    /// size ends the call with a [`CallError`] of kind
+    /// [`Invalid`](crate::ErrorKind::Invalid). Use
     /// [`at`](Self::at) to pick one actor out of a mesh.
     pub fn call_one<M: Message>(&self, message: &M) -> Call<M::Reply>
     where
@@ -367,7 +678,8 @@ impl<A: Actor> ActorMesh<A> {
     {
         match encode_message(message) {
             Ok(bytes) => Call::in_flight(
-                self.raw.call_one(M::ENDPOINT, &bytes),
+                self.options
+                    .around(|| self.raw.call_one(M::ENDPOINT, &bytes)),
                 call::decode_single::<M::Reply>,
             ),
             Err(e) => Call::refused(e),
@@ -382,7 +694,7 @@ impl<A: Actor> ActorMesh<A> {
     {
         match encode_message(message) {
             Ok(bytes) => Call::in_flight(
-                self.raw.choose(M::ENDPOINT, &bytes),
+                self.options.around(|| self.raw.choose(M::ENDPOINT, &bytes)),
                 call::decode_single::<M::Reply>,
             ),
             Err(e) => Call::refused(e),
@@ -396,21 +708,29 @@ impl<A: Actor> ActorMesh<A> {
         A: Handler<M>,
     {
         match encode_message(message) {
-            Ok(bytes) => CallStream::start(self.raw.stream(M::ENDPOINT, &bytes)),
+            Ok(bytes) => {
+                CallStream::start(self.options.around(|| self.raw.stream(M::ENDPOINT, &bytes)))
+            }
             Err(e) => CallStream::refused(e),
         }
     }
 
-    /// Sends `message` to every actor without waiting for replies. The only
-    /// error is a message that cannot be encoded; a failure in the mesh
-    /// comes later, through [`take_failures`](crate::take_failures).
+    /// Sends `message` to every actor without waiting for replies. The
+    /// error is one known at once: a message that cannot be encoded, a
+    /// stopped mesh (kind [`Stopped`](crate::ErrorKind::Stopped)), a failed
+    /// rank. An actor that fails handling it comes later as a failure event
+    /// of the mesh's owner (see [`supervise`](crate::supervise) and
+    /// [`next_failure`](crate::next_failure)); an endpoint that returns an
+    /// error to a broadcast fails its actor (kind
+    /// [`Endpoint`](crate::ErrorKind::Endpoint)), as in Monarch.
     pub fn broadcast<M: Message>(&self, message: &M) -> Result<(), CallError>
     where
         A: Handler<M>,
     {
         let bytes = encode_message(message)?;
-        self.raw.broadcast(M::ENDPOINT, &bytes);
-        Ok(())
+        self.options
+            .around(|| self.raw.broadcast(M::ENDPOINT, &bytes))
+            .map_err(CallError::from)
     }
 
     /// A reference to this mesh that can travel inside a message, to be
@@ -438,7 +758,9 @@ impl<A: Actor> ActorMesh<A> {
             .map_err(|e| MeshError::new(what(), e))
     }
 
-    /// Stops the actors.
+    /// Stops the actors: requests to them fail at once with kind
+    /// [`Stopped`](crate::ErrorKind::Stopped), through this handle, its
+    /// slices, and references.
     pub fn stop(&self) {
         self.raw.stop();
     }
@@ -446,7 +768,7 @@ impl<A: Actor> ActorMesh<A> {
 
 fn encode_message<M: Message>(message: &M) -> Result<Vec<u8>, CallError> {
     codec::encode(message).map_err(|e| {
-        CallError::Invalid(format!(
+        CallError::invalid(format!(
             "cannot encode the message for `{}`: {e}",
             M::ENDPOINT
         ))

@@ -16,7 +16,7 @@ use crate::actor::{Actor, Context, Endpoints};
 use crate::bindings;
 use crate::bindings::exports::monarch::host::actor_class;
 use crate::bindings::monarch::host::types as wit;
-use crate::error::SupervisionFailure;
+use crate::error::{EndpointError, SupervisionFailure};
 use crate::{Extent, block_on, codec};
 
 /// What `program!` generates: the program's main and its actor classes.
@@ -70,7 +70,7 @@ pub fn no_main(_args: Vec<String>) -> Result<(), String> {
 /// An actor with its class erased, as this instance holds it.
 pub trait HostedActor {
     /// Handles one encoded message.
-    fn handle(&mut self, endpoint: &str, message: &[u8]) -> Result<Vec<u8>, String>;
+    fn handle(&mut self, endpoint: &str, message: &[u8]) -> Result<Vec<u8>, EndpointError>;
     /// Handles a failure in a mesh the actor owns.
     fn supervise(&mut self, failure: &SupervisionFailure) -> bool;
 }
@@ -82,7 +82,7 @@ struct Hosted<A: Actor> {
 }
 
 impl<A: Actor> HostedActor for Hosted<A> {
-    fn handle(&mut self, endpoint: &str, message: &[u8]) -> Result<Vec<u8>, String> {
+    fn handle(&mut self, endpoint: &str, message: &[u8]) -> Result<Vec<u8>, EndpointError> {
         self.endpoints
             .dispatch(&mut self.actor, &self.cx, endpoint, message)
     }
@@ -183,8 +183,10 @@ impl<P: Program> actor_class::Guest for Component<P> {
         create(P::classes(), class, init, rank, extent.into())
     }
 
-    fn handle(endpoint: String, message: Vec<u8>) -> Result<Vec<u8>, String> {
-        with_actor(|actor| actor.handle(&endpoint, &message))?
+    fn handle(endpoint: String, message: Vec<u8>) -> Result<Vec<u8>, wit::EndpointError> {
+        with_actor(|actor| actor.handle(&endpoint, &message))
+            .map_err(EndpointError::new)?
+            .map_err(Into::into)
     }
 
     fn supervise(failure: wit::SupervisionFailure) -> bool {
@@ -256,7 +258,7 @@ mod tests {
         }
     }
     impl Handler<Hello> for Greeter {
-        async fn handle(&mut self, _cx: &Context, _: Hello) -> Result<String, String> {
+        async fn handle(&mut self, _cx: &Context, _: Hello) -> Result<String, EndpointError> {
             Ok(self.greeting.clone())
         }
     }
@@ -295,7 +297,10 @@ mod tests {
         let failure = |mesh: &str| wit::SupervisionFailure {
             mesh: mesh.into(),
             rank: 0,
+            kind: wit::ErrorKind::Trap,
+            endpoint: None,
             reason: "trapped".into(),
+            backtrace: None,
         };
         assert!(Exports::supervise(failure("children")));
         assert!(!Exports::supervise(failure("others")));
@@ -309,7 +314,7 @@ mod tests {
             "{err}"
         );
         let err = Exports::handle("hello".into(), vec![]).unwrap_err();
-        assert!(err.contains("holds no actor yet"), "{err}");
+        assert!(err.message.contains("holds no actor yet"), "{err:?}");
     }
 
     #[test]

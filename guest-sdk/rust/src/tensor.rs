@@ -541,7 +541,8 @@ impl Tensor {
 
     /// The whole global tensor's elements, row-major, assembled from the
     /// shards (partial sums summed). `T` must be the tensor's dtype (else
-    /// [`CallError::Invalid`], without asking the host).
+    /// an [`Invalid`](crate::ErrorKind::Invalid) [`CallError`], without
+    /// asking the host).
     pub fn fetch<T: Element>(&self) -> Call<Vec<T>> {
         match self.check_dtype::<T>("fetch") {
             Ok(()) => Call::in_flight(self.raw.fetch(), decode_elements::<T>),
@@ -555,7 +556,7 @@ impl Tensor {
         if dtype == T::DTYPE {
             Ok(())
         } else {
-            Err(CallError::Invalid(format!(
+            Err(CallError::invalid(format!(
                 "{what}::<{}> of a tensor of {dtype}: fetch it as {dtype}",
                 T::DTYPE
             )))
@@ -631,7 +632,7 @@ impl std::ops::Neg for &Tensor {
 pub(crate) fn elements<T: Element>(bytes: &[u8]) -> Result<Vec<T>, CallError> {
     let size = T::DTYPE.size_of();
     if !bytes.len().is_multiple_of(size) {
-        return Err(CallError::Decode(format!(
+        return Err(CallError::decode(format!(
             "{} bytes are not whole {} elements",
             bytes.len(),
             T::DTYPE
@@ -648,7 +649,7 @@ fn decode_item<T: Element>(done: Done) -> Result<f64, CallError> {
     let values = decode_elements::<T>(done)?;
     match values.as_slice() {
         [one] => Ok(one.to_f64()),
-        _ => Err(CallError::Decode(format!(
+        _ => Err(CallError::decode(format!(
             "item() needs a tensor of one element; this one has {}",
             values.len()
         ))),
@@ -673,10 +674,10 @@ mod tests {
 
     #[test]
     fn bytes_of_the_wrong_length_are_a_decode_error() {
-        assert!(matches!(
-            elements::<f64>(&[0u8; 12]),
-            Err(CallError::Decode(_))
-        ));
+        assert_eq!(
+            elements::<f64>(&[0u8; 12]).map_err(|e| e.kind()),
+            Err(crate::ErrorKind::Decode)
+        );
     }
 
     #[test]
@@ -684,7 +685,10 @@ mod tests {
         let one = Ok(wit_types::Reply::Single(2.5f64.to_le_bytes().to_vec()));
         assert_eq!(decode_item::<f64>(one), Ok(2.5));
         let two = Ok(wit_types::Reply::Single(vec![0u8; 16]));
-        assert!(matches!(decode_item::<f64>(two), Err(CallError::Decode(_))));
+        assert_eq!(
+            decode_item::<f64>(two).map_err(|e| e.kind()),
+            Err(crate::ErrorKind::Decode)
+        );
     }
 
     #[test]
@@ -697,16 +701,27 @@ mod tests {
 
     #[test]
     fn host_errors_pass_through() {
-        let failed = Err(wit_types::CallError::Endpoint((
-            2,
-            "tensor 5 is poisoned".into(),
-        )));
-        assert_eq!(
-            decode_unit(failed),
-            Err(CallError::Endpoint {
-                rank: 2,
-                message: "tensor 5 is poisoned".into()
+        let failed = || {
+            Err(wit_types::CallError {
+                kind: wit_types::ErrorKind::Endpoint,
+                origin: Some(wit_types::Origin {
+                    mesh: "tensor<1>".into(),
+                    rank: 2,
+                    endpoint: None,
+                }),
+                message: "tensor 5 is poisoned".into(),
+                type_name: None,
+                backtrace: None,
             })
+        };
+        assert_eq!(
+            decode_unit(failed()),
+            Err(CallError::from(failed().unwrap_err()))
+        );
+        let err = decode_unit(failed()).unwrap_err();
+        assert_eq!(
+            (err.rank(), err.message()),
+            (Some(2), "tensor 5 is poisoned")
         );
     }
 }

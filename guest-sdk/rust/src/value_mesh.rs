@@ -79,12 +79,12 @@ impl<T> ValueMesh<T> {
 
 impl<T: DeserializeOwned + 'static> ValueMesh<T> {
     /// Decodes the host's gathered replies. A value that does not decode, or
-    /// a count that does not match the extent, is a [`CallError::Decode`]
-    /// naming the rank.
+    /// a count that does not match the extent, is a [`CallError`] of kind
+    /// [`Decode`](crate::ErrorKind::Decode) naming the rank.
     pub(crate) fn decode(raw: wit::ValueMesh) -> Result<Self, CallError> {
         let extent = Extent::from(raw.extent);
         if extent.num_ranks() != raw.values.len() {
-            return Err(CallError::Decode(format!(
+            return Err(CallError::decode(format!(
                 "the host gathered {} replies for a mesh of {} ranks ({extent})",
                 raw.values.len(),
                 extent.num_ranks()
@@ -93,7 +93,7 @@ impl<T: DeserializeOwned + 'static> ValueMesh<T> {
         let values = (0u32..)
             .zip(&raw.values)
             .map(|(rank, bytes)| {
-                codec::decode(bytes).map_err(|e| CallError::Decode(format!("rank {rank}: {e}")))
+                codec::decode(bytes).map_err(|e| CallError::decode(format!("rank {rank}: {e}")))
             })
             .collect::<Result<_, _>>()?;
         Ok(Self { extent, values })
@@ -145,7 +145,7 @@ mod tests {
         let values = vec![codec::encode(&1i64).unwrap(), vec![1, 2]];
         let err = ValueMesh::<i64>::decode(raw(&shape, values)).unwrap_err();
         assert!(
-            matches!(&err, CallError::Decode(why) if why.starts_with("rank 1:")),
+            err.kind() == crate::ErrorKind::Decode && err.message().starts_with("rank 1:"),
             "{err}"
         );
     }

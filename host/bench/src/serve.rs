@@ -329,6 +329,8 @@ impl Suite<'_> {
             args: vec![HELLO_PROCS.to_string()],
             limits: None,
             mesh: Some(MeshChoice::Name(MESH.to_string())),
+            dirs: Vec::new(),
+            env: Vec::new(),
         };
         let fresh = JobRequest {
             mesh: None,

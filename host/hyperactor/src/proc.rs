@@ -151,6 +151,8 @@ pub(crate) struct ProcInner {
     runtime: tokio::runtime::Handle,
     actors: RwLock<HashMap<String, HashMap<u32, Arc<MailboxEntry>>>>,
     links: Mutex<HashMap<ChannelAddr, Arc<Link<Option<Meta>>>>>,
+    /// Peers known to have ended ([`Proc::peer_ended`]), with why.
+    ended: Mutex<HashMap<ChannelAddr, String>>,
     sessions: Mutex<HashMap<u64, Session>>,
     supervision_tx: mpsc::UnboundedSender<ActorSupervisionEvent>,
     supervision_rx: Mutex<Option<mpsc::UnboundedReceiver<ActorSupervisionEvent>>>,
@@ -204,6 +206,7 @@ impl Proc {
             runtime,
             actors: RwLock::new(HashMap::new()),
             links: Mutex::new(HashMap::new()),
+            ended: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
             supervision_tx,
             supervision_rx: Mutex::new(Some(supervision_rx)),
@@ -290,6 +293,11 @@ impl Proc {
     /// back as undeliverable and calls waiting on replies from there fail
     /// now, with `reason`.
     pub fn peer_ended(&self, addr: &ChannelAddr, reason: &str) {
+        self.0
+            .ended
+            .lock()
+            .entry(addr.clone())
+            .or_insert_with(|| reason.to_string());
         let link = self.0.links.lock().get(addr).cloned();
         match link {
             Some(link) => link.end(reason.to_string()),
@@ -311,6 +319,13 @@ impl Proc {
                 }
             }
         }
+    }
+
+    /// Why the peer at `addr` ended, if [`Proc::peer_ended`] said it did:
+    /// senders that know this fail their requests to it at once instead of
+    /// waiting for a link to time out.
+    pub fn ended_peer(&self, addr: &ChannelAddr) -> Option<String> {
+        self.0.ended.lock().get(addr).cloned()
     }
 
     /// Drops every outgoing connection at once. Links reconnect and write

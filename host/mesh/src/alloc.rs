@@ -80,6 +80,13 @@ pub trait Allocator: Send + Sync + 'static {
 
     /// Ends one proc, as a failure would (tests and chaos).
     fn kill(&self, proc: &ProcId, signal: i32) -> Result<(), AllocError>;
+
+    /// The name of the host numbered `host` in [`Allocated::host`]: its
+    /// agent's address, or `local` for this machine.
+    fn host_name(&self, host: usize) -> String {
+        let _ = host;
+        "local".into()
+    }
 }
 
 /// Procs inside this process; see the module docs.

@@ -125,6 +125,30 @@ impl Caster {
         mode: CastMode,
         timeout: Duration,
     ) -> u64 {
+        self.cast_with(target, endpoint, message, mode, timeout, None)
+    }
+
+    /// [`Caster::cast`] with a deadline for each actor's handler (`None`:
+    /// each actor's own default).
+    pub fn cast_with(
+        &mut self,
+        target: CastTarget,
+        endpoint: &str,
+        message: Vec<u8>,
+        mode: CastMode,
+        timeout: Duration,
+        handler_timeout: Option<Duration>,
+    ) -> u64 {
+        // Procs this proc was told have ended fail their ranks now, not at
+        // the cast's deadline (a mesh reference held after its procs were
+        // stopped, say).
+        for proc in &target.procs {
+            if !self.dead.contains_key(proc)
+                && let Some(reason) = self.mailbox.proc().ended_peer(proc.addr())
+            {
+                self.dead.insert(proc.clone(), reason);
+            }
+        }
         let seq = self.next_seq;
         self.next_seq += 1;
         let total = target.ranks.iter().map(Vec::len).sum();
@@ -141,6 +165,7 @@ impl Caster {
             message: Arc::new(message),
             mode,
             timeout_ms: timeout.as_millis().max(1) as u64,
+            handler_timeout_ms: handler_timeout.map_or(0, |t| t.as_millis().max(1) as u64),
             fanout: self.fanout,
             waiting: Vec::new(),
             local_left: 0,
@@ -150,8 +175,7 @@ impl Caster {
         let chunks = split(0, node.tree.procs.len(), self.fanout as usize);
         let failed = node.forward(&self.mailbox, &self.me, chunks, &self.dead);
         if mode == CastMode::Broadcast {
-            for (rank, reason) in failed {
-                let error = RankError::Failed(reason);
+            for (rank, error) in failed {
                 let mesh = node.mesh.clone();
                 self.ready.push_back(Outcome::Failed {
                     seq,
@@ -196,9 +220,9 @@ impl Caster {
             if request.node.mode == CastMode::Stream
                 && let Some(at) = request.node.tree.procs.iter().position(|p| p == proc)
             {
-                let why = format!("proc {proc} died: {reason}");
+                let error = crate::comm::proc_gone(proc, reason);
                 for &rank in &request.node.tree.ranks[at] {
-                    failed.push((rank, why.clone()));
+                    failed.push((rank, error.clone()));
                 }
             }
             self.report(seq, &mut request, failed);
@@ -300,9 +324,8 @@ impl Caster {
     }
 
     /// Reports ranks failed by dead procs.
-    fn report(&mut self, seq: u64, request: &mut Request, failed: Vec<(u32, String)>) {
-        for (rank, reason) in failed {
-            let error = RankError::Failed(reason);
+    fn report(&mut self, seq: u64, request: &mut Request, failed: Vec<(u32, RankError)>) {
+        for (rank, error) in failed {
             let outcome = match request.node.mode {
                 CastMode::Stream => Outcome::Item {
                     seq,

@@ -55,6 +55,19 @@ pub struct ActorSpec {
     pub per_proc: u32,
 }
 
+/// What the client knows of one proc it started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcInfo {
+    /// The host it runs on: an agent's address, or `local`.
+    pub host: String,
+    /// Its OS process, when it has one of its own.
+    pub pid: Option<u32>,
+    /// None while it runs; why it ended otherwise.
+    pub ended: Option<String>,
+    /// Whether its owner stopped it (an end that is not a failure).
+    pub stopped: bool,
+}
+
 /// The controller's view of its procs; see the module docs.
 pub struct MeshClient {
     proc: Proc,
@@ -157,6 +170,21 @@ impl MeshClient {
             .iter()
             .filter(|p| !state.dead.contains_key(&p.proc) && !state.stopping.contains(&p.proc))
             .count()
+    }
+
+    /// Where `proc` runs and whether it still does; None for a proc this
+    /// client did not start.
+    pub fn proc_info(&self, proc: &ProcId) -> Option<ProcInfo> {
+        let state = self.state.lock();
+        let allocated = state.procs.iter().find(|a| &a.proc == proc)?;
+        let ended = state.dead.get(proc).cloned();
+        Some(ProcInfo {
+            host: self.allocator.host_name(allocated.host),
+            pid: allocated.pid,
+            stopped: ended.as_deref() == Some(crate::comm::STOPPED_BY_OWNER)
+                || state.stopping.contains(proc),
+            ended,
+        })
     }
 
     /// Why `proc` ended, if it has.
@@ -298,7 +326,7 @@ fn handle_event(
             }
             let stopped = state.stopping.remove(proc);
             let reason = if stopped {
-                "stopped by its owner".to_string()
+                crate::comm::STOPPED_BY_OWNER.to_string()
             } else {
                 reason.clone()
             };

@@ -36,7 +36,8 @@ use std::time::{Duration, Instant};
 
 use hyperactor::message::handler_port;
 use hyperactor::{
-    Actor, Context, Exports, Handler, Mailbox, OncePortRef, PortId, PortRef, ProcId, RemoteMessage,
+    Actor, Context, DeliveryFailure, Exports, Handler, Mailbox, OncePortRef, PortId, PortRef,
+    ProcId, RemoteMessage,
 };
 use parking_lot::Mutex;
 use rkyv::Place;
@@ -61,7 +62,15 @@ pub struct MeshCall {
     pub endpoint: String,
     /// The message bytes.
     pub message: Vec<u8>,
-    /// Where the result goes.
+    /// Whether nobody waits for the reply (a broadcast): an actor whose
+    /// endpoint returns an error to it fails, as in Monarch, since no
+    /// caller would hear of the error.
+    pub broadcast: bool,
+    /// How long the handler may take, in milliseconds; 0 leaves it to
+    /// the actor's own default.
+    pub handler_timeout_ms: u64,
+    /// Where the result goes. The error is the endpoint's error text, or
+    /// an encoded [`Fault`](crate::Fault).
     pub reply: OncePortRef<Result<Vec<u8>, String>>,
 }
 
@@ -123,6 +132,9 @@ pub struct Cast {
     pub parent: PortRef<CastReply>,
     /// How long each actor has to reply, in milliseconds.
     pub timeout_ms: u64,
+    /// How long each actor's handler may take, in milliseconds (0: the
+    /// actor's own default).
+    pub handler_timeout_ms: u64,
     /// The tree's fan-out.
     pub fanout: u32,
 }
@@ -198,6 +210,19 @@ pub struct ProcDied {
     pub reason: String,
 }
 
+/// Why a proc is gone, as its owner says it when it stops one on purpose
+/// (the reason of [`ProcDied`] and of the client's events).
+pub const STOPPED_BY_OWNER: &str = "stopped by its owner";
+
+/// The error of a rank whose proc is gone: stopped by its owner, or lost.
+pub fn proc_gone(proc: &ProcId, reason: &str) -> RankError {
+    if reason.contains(STOPPED_BY_OWNER) {
+        RankError::Stopped(format!("proc {proc} was {STOPPED_BY_OWNER}"))
+    } else {
+        RankError::Lost(format!("proc {proc} died: {reason}"))
+    }
+}
+
 /// The comm actor port of `proc` for messages of type `M`.
 pub fn comm_port<M: RemoteMessage>(proc: &ProcId) -> Option<PortRef<M>> {
     let actor = proc.actor_id(COMM_ACTOR, 0).ok()?;
@@ -234,6 +259,7 @@ pub(crate) struct Node {
     pub(crate) message: Arc<Vec<u8>>,
     pub(crate) mode: CastMode,
     pub(crate) timeout_ms: u64,
+    pub(crate) handler_timeout_ms: u64,
     pub(crate) fanout: u32,
     /// Child subtrees not yet reported, as index ranges into `tree.procs`.
     pub(crate) waiting: Vec<(usize, usize)>,
@@ -256,7 +282,7 @@ impl Node {
         me: &PortRef<CastReply>,
         chunks: Vec<(usize, usize)>,
         dead: &HashMap<ProcId, String>,
-    ) -> Vec<(u32, String)> {
+    ) -> Vec<(u32, RankError)> {
         let mut failed = Vec::new();
         let mut queue: VecDeque<(usize, usize)> = chunks.into();
         while let Some((lo, hi)) = queue.pop_front() {
@@ -291,6 +317,7 @@ impl Node {
                     mode: self.mode,
                     parent: me.clone(),
                     timeout_ms: self.timeout_ms,
+                    handler_timeout_ms: self.handler_timeout_ms,
                     fanout: self.fanout,
                 },
             );
@@ -299,15 +326,14 @@ impl Node {
     }
 
     /// Fails the ranks of the proc at index `at` itself.
-    fn fail_own(&mut self, at: usize, reason: &str) -> Vec<(u32, String)> {
-        let reason = format!("proc {} died: {reason}", self.tree.procs[at]);
+    fn fail_own(&mut self, at: usize, reason: &str) -> Vec<(u32, RankError)> {
+        let error = proc_gone(&self.tree.procs[at], reason);
         let fold = self.mode.fold();
         let ranks = self.tree.ranks[at].clone();
         for &rank in &ranks {
-            self.partial
-                .add(fold, rank, Err(RankError::Failed(reason.clone())));
+            self.partial.add(fold, rank, Err(error.clone()));
         }
-        ranks.into_iter().map(|r| (r, reason.clone())).collect()
+        ranks.into_iter().map(|r| (r, error.clone())).collect()
     }
 
     /// Takes a child's report; false when it is not one this node waits
@@ -339,7 +365,7 @@ impl Node {
         me: &PortRef<CastReply>,
         proc: &ProcId,
         dead: &HashMap<ProcId, String>,
-    ) -> Vec<(u32, String)> {
+    ) -> Vec<(u32, RankError)> {
         let Some(at) = self
             .waiting
             .iter()
@@ -530,6 +556,7 @@ impl Handler<Cast> for CommActor {
             message: cast.message,
             mode: cast.mode,
             timeout_ms: cast.timeout_ms,
+            handler_timeout_ms: cast.handler_timeout_ms,
             fanout: cast.fanout.max(1),
             waiting: Vec::new(),
             local_left: local.len(),
@@ -547,9 +574,13 @@ impl Handler<Cast> for CommActor {
                 Ok(actor) => {
                     let dest = actor.port_id(handler_port::<MeshCall>());
                     let (endpoint, message) = (node.endpoint.clone(), node.message.clone());
+                    let (broadcast, handler_timeout_ms) =
+                        (node.mode == CastMode::Broadcast, node.handler_timeout_ms);
                     Some(cx.start_call(&dest, |reply| MeshCall {
                         endpoint,
                         message: message.as_ref().clone(),
+                        broadcast,
+                        handler_timeout_ms,
                         reply,
                     }))
                 }
@@ -660,6 +691,17 @@ fn rank_result(
         Ok(Err(text)) => Err(RankError::Endpoint(text)),
         Err(hyperactor::CallError::Timeout(t)) => Err(RankError::Timeout(t.as_millis() as u64)),
         Err(hyperactor::CallError::Supervision(event)) => Err(RankError::Failed(event.reason)),
+        Err(hyperactor::CallError::Undeliverable(failure)) => Err(match failure {
+            DeliveryFailure::UnknownActor { actor } => RankError::Stopped(format!(
+                "actor {actor} does not run (stopped, or never spawned)"
+            )),
+            DeliveryFailure::StoppedReceiver { actor } => {
+                RankError::Stopped(format!("actor {actor} was stopped"))
+            }
+            DeliveryFailure::Unreachable { .. } => RankError::Lost(failure.to_string()),
+            DeliveryFailure::ActorFailed(event) => RankError::Failed(event.reason),
+            other => RankError::Failed(other.to_string()),
+        }),
         Err(other) => Err(RankError::Failed(other.to_string())),
     }
 }
@@ -720,6 +762,8 @@ fn deliver_leaf(cx: &Context<CommActor>, cast: Cast) {
         let reply = cx.start_call(&dest, |reply| MeshCall {
             endpoint,
             message: body,
+            broadcast: mode == CastMode::Broadcast,
+            handler_timeout_ms: cast.handler_timeout_ms,
             reply,
         });
         let (shared, mailbox, parent, origin, subtree) = (

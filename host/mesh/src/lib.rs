@@ -10,7 +10,8 @@
 //!   comm actor; allocators start procs in this process, as child processes,
 //!   or through remote agents;
 //! - **supervision** ([`client`]): the controller's view of its procs, which
-//!   turns exits, signals and lost hosts into events.
+//!   turns exits, signals and lost hosts into events; [`fault`] keeps the
+//!   kind, origin and backtrace of a failure across procs.
 //!
 //! This crate knows nothing of Wasm or HTTP: what actors run is up to the
 //! actor factories the binary registers ([`agent::Registry`]).
@@ -20,6 +21,7 @@ pub mod alloc;
 pub mod cast;
 pub mod client;
 pub mod comm;
+pub mod fault;
 pub mod reduce;
 pub mod remote;
 pub mod shape;
@@ -27,4 +29,5 @@ pub mod testing;
 
 pub use cast::{CastTarget, Caster, Outcome};
 pub use comm::{CastMode, MeshCall};
+pub use fault::{Fault, FaultKind};
 pub use reduce::{RankError, Reducer};

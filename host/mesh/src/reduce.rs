@@ -149,8 +149,13 @@ impl Reducer {
 pub enum RankError {
     /// The endpoint returned an error; the actor lives on.
     Endpoint(String),
-    /// The actor or its proc failed.
+    /// The actor failed; the reason may be an encoded
+    /// [`Fault`](crate::Fault).
     Failed(String),
+    /// The actor, or its proc, was stopped by its owner, or never existed.
+    Stopped(String),
+    /// The actor's proc exited, was killed, or cannot be reached.
+    Lost(String),
     /// No reply within this many milliseconds.
     Timeout(u64),
     /// The reply could not be reduced, or the request was not valid.
@@ -161,7 +166,8 @@ impl std::fmt::Display for RankError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             RankError::Endpoint(text) => write!(f, "endpoint error: {text}"),
-            RankError::Failed(reason) => write!(f, "{reason}"),
+            RankError::Failed(reason) => write!(f, "{}", crate::Fault::readable(reason)),
+            RankError::Stopped(reason) | RankError::Lost(reason) => write!(f, "{reason}"),
             RankError::Timeout(ms) => write!(f, "no reply within {ms} ms"),
             RankError::Invalid(reason) => write!(f, "{reason}"),
         }

@@ -595,6 +595,13 @@ impl RemoteAllocator {
 }
 
 impl Allocator for Arc<RemoteAllocator> {
+    fn host_name(&self, host: usize) -> String {
+        self.hosts
+            .lock()
+            .get(host)
+            .map_or_else(|| format!("host{host}"), |h| h.addr.to_string())
+    }
+
     fn allocate(
         &self,
         names: Vec<String>,

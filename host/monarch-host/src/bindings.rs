@@ -20,8 +20,8 @@ wasmtime::component::bindgen!({
 });
 
 pub use monarch::host::types::{
-    CallError, Dim, Event, EventKind, Reducer, Reply, Selector, SliceDim, SupervisionFailure,
-    ValueMesh,
+    CallError, Dim, EndpointError, ErrorKind, Event, EventKind, Origin, ProcInfo, ProcState,
+    Reducer, Reply, Selector, SliceDim, SpawnOptions, SupervisionFailure, ValueMesh,
 };
 
 /// Where a data-plane wait (a tensor fetch, an RDMA transfer) posts its

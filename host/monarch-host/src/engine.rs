@@ -33,6 +33,77 @@ pub struct Sandbox {
     pub placement: Placement,
     /// The fan-out of the multicast trees that carry casts.
     pub fanout: u32,
+    /// The most time one actor handler may take, unless a mesh or a call
+    /// sets its own; None: no limit.
+    pub handler_timeout: Option<Duration>,
+    /// Directories and environment variables granted to the program and
+    /// its actors.
+    pub grants: Grants,
+}
+
+/// What the operator grants a program: nothing unless named.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Grants {
+    /// Preopened directories.
+    #[serde(default)]
+    pub dirs: Vec<DirGrant>,
+    /// Environment variables.
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+}
+
+/// A directory of the host's, preopened for guests.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DirGrant {
+    /// The directory on the host (absolute).
+    pub host: PathBuf,
+    /// Where guests see it.
+    pub guest: String,
+    /// Whether guests may write in it (read-only unless `:rw`).
+    pub writable: bool,
+}
+
+impl std::str::FromStr for DirGrant {
+    type Err = String;
+
+    /// `HOST[::GUEST][:ro|:rw]`: read-only unless `:rw`; guests see it at
+    /// `GUEST`, or at `HOST` when no `::GUEST` is given.
+    fn from_str(spec: &str) -> Result<DirGrant, String> {
+        let (rest, writable) = if let Some(rest) = spec.strip_suffix(":rw") {
+            (rest, true)
+        } else {
+            (spec.strip_suffix(":ro").unwrap_or(spec), false)
+        };
+        let (host, guest) = match rest.split_once("::") {
+            Some((host, guest)) => (host, guest),
+            None => (rest, rest),
+        };
+        if host.is_empty() || guest.is_empty() {
+            return Err(format!(
+                "`{spec}` is not HOST[::GUEST][:ro|:rw] (e.g. ./data::/data:ro)"
+            ));
+        }
+        let canonical = std::fs::canonicalize(host)
+            .map_err(|e| format!("cannot grant the directory `{host}`: {e}"))?;
+        if !canonical.is_dir() {
+            return Err(format!("cannot grant `{host}`: it is not a directory"));
+        }
+        Ok(DirGrant {
+            host: canonical,
+            guest: guest.to_string(),
+            writable,
+        })
+    }
+}
+
+/// Parses `--env K=V`.
+pub fn parse_env(spec: &str) -> Result<(String, String), String> {
+    match spec.split_once('=') {
+        Some((key, value)) if !key.is_empty() && !key.contains('\0') && !value.contains('\0') => {
+            Ok((key.to_string(), value.to_string()))
+        }
+        _ => Err(format!("`{spec}` is not KEY=VALUE")),
+    }
 }
 
 /// Where the procs of a program run.
@@ -66,6 +137,8 @@ impl Default for Sandbox {
             max_procs: 64,
             placement: Placement::InProcess,
             fanout: 16,
+            handler_timeout: None,
+            grants: Grants::default(),
         }
     }
 }

@@ -8,15 +8,15 @@
 //! `next-events` hands over with the failures of the meshes the instance
 //! spawned.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use hyperactor::{Mailbox, ProcId};
 use hyperactor_mesh::agent::MeshEvent;
 use hyperactor_mesh::client::{ActorSpec, MeshClient};
-use hyperactor_mesh::{CastMode, Caster, Outcome, RankError};
+use hyperactor_mesh::{CastMode, Caster, Fault, FaultKind, Outcome};
 use tokio::sync::mpsc;
 use wasmtime::component::{HasSelf, Linker, Resource, ResourceTable};
 use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder, UpdateDeadline};
@@ -24,18 +24,53 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::bindings::monarch::host::{logging, mesh, types};
 use crate::bindings::{
-    CallError, Dim, Event, EventKind, ProgramPre, Reducer, Reply, SliceDim, SupervisionFailure,
-    ValueMesh,
+    CallError, Dim, ErrorKind, Event, EventKind, ProcInfo, ProcState, ProgramPre, Reducer, Reply,
+    SliceDim, SpawnOptions, ValueMesh,
 };
 use crate::engine::Sandbox;
+use crate::errors;
 use crate::mesh::{
     ActorMeshHandle, MeshBase, ProcMeshHandle, WasmSpawnParams, extent_size, slice, validate_extent,
 };
+use crate::output::LineOutput;
 
 mod data_plane;
 
 /// Where log lines of guests go.
 pub type LogSink = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// Raised when an instance's actor is stopped: the guest is interrupted at
+/// once, wherever it is (running, or waiting in any host call), so a stop
+/// never waits on a guest.
+#[derive(Default)]
+pub struct Interrupt {
+    raised: AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Interrupt {
+    /// Raises it; every waiter wakes, now and later.
+    pub fn raise(&self) {
+        self.raised.store(true, Ordering::Release);
+        self.notify.notify_waiters();
+    }
+
+    /// Whether it was raised.
+    pub fn is_raised(&self) -> bool {
+        self.raised.load(Ordering::Acquire)
+    }
+
+    /// Completes once it is raised.
+    pub async fn raised(&self) {
+        loop {
+            let notified = self.notify.notified();
+            if self.is_raised() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
 
 /// The program a cluster runs, as bytes for the hosts that do not have it.
 #[derive(Clone)]
@@ -242,6 +277,7 @@ struct Pending {
     id: u64,
     mode: Mode,
     mesh: String,
+    endpoint: String,
     extent: Vec<Dim>,
     /// For `choose`: the counter to give back.
     chosen: Option<(Arc<Vec<AtomicUsize>>, usize)>,
@@ -260,6 +296,11 @@ pub struct HostState {
     pending: HashMap<u64, Pending>,
     next_request: u64,
     call_timeout: Duration,
+    /// The handler deadline of requests made from now on; None: each
+    /// mesh's own.
+    handler_timeout: Option<Duration>,
+    /// Actors whose one failure event was given (mesh, rank).
+    reported: HashSet<(String, u32)>,
     who: String,
     /// Failures of procs and actors (the controller's).
     events: Option<mpsc::UnboundedReceiver<MeshEvent>>,
@@ -271,9 +312,9 @@ pub struct HostState {
     completed: mpsc::UnboundedReceiver<Event>,
     /// The RDMA actors of this instance's proc meshes, started on first use.
     rdma: data_plane::RdmaMeshes,
-    /// Set when the instance's actor is stopped: the guest traps at its
+    /// Raised when the instance's actor is stopped: the guest traps at its
     /// next epoch tick or wait, even if it would never return.
-    pub(crate) interrupt: Arc<std::sync::atomic::AtomicBool>,
+    pub(crate) interrupt: Arc<Interrupt>,
 }
 
 impl WasiView for HostState {
@@ -299,11 +340,41 @@ const MAX_RESOURCES: usize = 10_000;
 pub const FANOUT: u32 = hyperactor_mesh::comm::DEFAULT_FANOUT;
 
 impl HostState {
-    /// The state of an instance that sends from `mailbox` and logs as `who`.
-    pub(crate) fn new(cluster: Arc<Cluster>, mailbox: &Mailbox, who: String) -> Self {
-        // Nothing is granted: no preopened directories, no environment, no
-        // network. Output goes to the host's stdout and stderr.
-        let wasi = WasiCtx::builder().inherit_stdout().inherit_stderr().build();
+    /// The state of an instance that sends from `mailbox` and logs as
+    /// `who`. Its stdout and stderr go to the cluster's log sink, each line
+    /// after `output` (an actor's `[mesh rank] `), or to the host's own
+    /// when `output` is None (a controller run from the command line).
+    pub(crate) fn new(
+        cluster: Arc<Cluster>,
+        mailbox: &Mailbox,
+        who: String,
+        output: Option<String>,
+    ) -> Self {
+        // Nothing is granted but what the operator named: directories,
+        // environment variables. No network.
+        let mut wasi = WasiCtx::builder();
+        match output {
+            Some(prefix) => {
+                let out = LineOutput::new(cluster.log.clone(), prefix);
+                wasi.stdout(out.clone()).stderr(out);
+            }
+            None => {
+                wasi.inherit_stdout().inherit_stderr();
+            }
+        }
+        let grants = &cluster.sandbox.grants;
+        wasi.envs(&grants.env);
+        for dir in &grants.dirs {
+            let perms = match dir.writable {
+                true => wasmtime_wasi::FsPerms::ReadWrite,
+                false => wasmtime_wasi::FsPerms::ReadOnly,
+            };
+            if let Err(e) = wasi.preopened_dir(&dir.host, &dir.guest, perms) {
+                // Checked when granted; a directory removed since is left out.
+                tracing::warn!(dir = %dir.host.display(), error = %e, "cannot preopen a granted directory");
+            }
+        }
+        let wasi = wasi.build();
         let limits = StoreLimitsBuilder::new()
             .memory_size(cluster.sandbox.memory_bytes)
             .instances(64)
@@ -325,6 +396,8 @@ impl HostState {
             pending: HashMap::new(),
             next_request: 1,
             call_timeout,
+            handler_timeout: None,
+            reported: HashSet::new(),
             who,
             events: None,
             spawned: Vec::new(),
@@ -380,9 +453,17 @@ impl HostState {
         };
         // Casts made back to back reach each proc in one write, when the
         // guest next waits (or the links' tasks otherwise get to run).
-        let (caster, timeout) = (&mut self.caster, self.call_timeout);
+        let (caster, timeout, handler) =
+            (&mut self.caster, self.call_timeout, self.handler_timeout);
         let seq = hyperactor::channel::corked(|| {
-            caster.cast(target, &endpoint, message, mode.cast_mode(), timeout)
+            caster.cast_with(
+                target,
+                &endpoint,
+                message,
+                mode.cast_mode(),
+                timeout,
+                handler,
+            )
         });
         if !matches!(mode, Mode::Broadcast) {
             self.pending.insert(
@@ -391,6 +472,7 @@ impl HostState {
                     id,
                     mode,
                     mesh: mesh.name().to_string(),
+                    endpoint,
                     extent: mesh.extent.clone(),
                     chosen,
                 },
@@ -402,19 +484,23 @@ impl HostState {
     /// Turns what came back for a cast into the guest's event.
     fn take_outcome(&mut self, outcome: Outcome) {
         let (id, kind) = match outcome {
-            // A broadcast's rank failed; broadcasts keep no request.
+            // A broadcast's rank did not take it. An actor that failed
+            // (an endpoint error included) is reported once, by its
+            // owner's supervision, not once per broadcast; the rest (a
+            // timeout) is no failure of the actor.
             Outcome::Failed {
                 mesh, rank, error, ..
-            } => (
-                0,
-                EventKind::Failure(failure(&mesh, rank, error.to_string())),
-            ),
+            } => {
+                tracing::debug!(%mesh, rank, %error, "a broadcast was not handled");
+                return;
+            }
             // An item leaves its request in flight.
             Outcome::Item { seq, rank, result } => {
                 let Some(pending) = self.pending.get(&seq) else {
                     return;
                 };
-                let result = result.map_err(|e| call_error(&pending.mesh, rank, e));
+                let result = result
+                    .map_err(|e| errors::call_error(&pending.mesh, rank, &pending.endpoint, e));
                 (pending.id, EventKind::Item((rank, result)))
             }
             Outcome::End { seq } => match self.pending.remove(&seq) {
@@ -429,7 +515,12 @@ impl HostState {
                     counts[*index].fetch_sub(1, Ordering::Relaxed);
                 }
                 let result = match result {
-                    Err((rank, error)) => Err(call_error(&pending.mesh, rank, error)),
+                    Err((rank, error)) => Err(errors::call_error(
+                        &pending.mesh,
+                        rank,
+                        &pending.endpoint,
+                        error,
+                    )),
                     Ok(mut values) => Ok(match pending.mode {
                         Mode::Gather => Reply::Gathered(ValueMesh {
                             extent: pending.extent,
@@ -445,23 +536,25 @@ impl HostState {
     }
 
     /// Takes a failure of a proc or an actor: casts waiting on a dead proc
-    /// fail its ranks; meshes this instance spawned report a failure event
-    /// per rank lost.
+    /// fail its ranks; meshes this instance spawned report one failure
+    /// event per actor lost (FE-1), and remember it, so that later
+    /// requests to it fail at once (MS-1).
     fn take_mesh_event(&mut self, event: MeshEvent) {
         match event {
             MeshEvent::ProcStopped { proc, reason } => {
                 self.caster.proc_died(&proc, &reason);
+                let mut lost = Vec::new();
                 for base in &self.spawned {
                     if let Some(at) = base.procs.iter().position(|p| p == &proc) {
                         let first = at as u32 * base.per_proc;
                         for rank in first..first + base.per_proc {
                             let why = format!("proc {proc} {reason}");
-                            self.ready.push_back(Event {
-                                id: 0,
-                                kind: EventKind::Failure(failure(&base.name, rank, why)),
-                            });
+                            lost.push((base.clone(), rank, Fault::new(FaultKind::ProcLost, why)));
                         }
                     }
+                }
+                for (base, rank, fault) in lost {
+                    self.report_failure(&base, rank, fault);
                 }
             }
             MeshEvent::ActorFailed { actor, reason } => {
@@ -469,17 +562,35 @@ impl HostState {
                 let mine = self
                     .spawned
                     .iter()
-                    .find(|base| base.name == actor.name() && base.procs.iter().any(|p| p == proc));
+                    .find(|base| base.name == actor.name() && base.procs.iter().any(|p| p == proc))
+                    .cloned();
                 if let Some(base) = mine {
-                    let name = base.name.clone();
-                    self.ready.push_back(Event {
-                        id: 0,
-                        kind: EventKind::Failure(failure(&name, actor.rank(), reason)),
-                    });
+                    let fault = Fault::decode(&reason, FaultKind::Trap);
+                    self.report_failure(&base, actor.rank(), fault);
                 }
             }
             MeshEvent::Log { .. } => {}
         }
+    }
+
+    /// Gives the one failure event of `base[rank]` (FE-1), unless it was
+    /// given already or the mesh was stopped on purpose.
+    fn report_failure(&mut self, base: &Arc<MeshBase>, rank: u32, fault: Fault) {
+        if !self.reported.insert((base.name.clone(), rank)) {
+            return;
+        }
+        let failure = errors::failure(&base.name, rank, fault);
+        {
+            let mut state = base.state();
+            if state.stopped.is_some() {
+                return;
+            }
+            state.failed.insert(rank, failure.clone());
+        }
+        self.ready.push_back(Event {
+            id: 0,
+            kind: EventKind::Failure(failure),
+        });
     }
 
     fn drain_mesh_events(&mut self) {
@@ -496,7 +607,7 @@ pub(crate) fn new_store(cluster: &Arc<Cluster>, state: HostState) -> Store<HostS
     store.set_hostcall_fuel(HOSTCALL_FUEL);
     let deadline = cluster.deadline;
     store.epoch_deadline_callback(move |cx| {
-        if cx.data().interrupt.load(Ordering::Relaxed) {
+        if cx.data().interrupt.is_raised() {
             wasmtime::bail!("the actor was stopped while its guest ran");
         }
         if Instant::now() >= deadline {
@@ -517,23 +628,6 @@ pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
         |state| state,
     )?;
     Ok(linker)
-}
-
-fn failure(mesh: &str, rank: u32, reason: String) -> SupervisionFailure {
-    SupervisionFailure {
-        mesh: mesh.to_string(),
-        rank,
-        reason,
-    }
-}
-
-fn call_error(mesh: &str, rank: u32, error: RankError) -> CallError {
-    match error {
-        RankError::Endpoint(text) => CallError::Endpoint((rank, text)),
-        RankError::Failed(reason) => CallError::Supervision(failure(mesh, rank, reason)),
-        RankError::Timeout(ms) => CallError::Timeout(ms),
-        RankError::Invalid(reason) => CallError::Invalid(reason),
-    }
 }
 
 impl types::Host for HostState {}
@@ -565,7 +659,12 @@ impl mesh::Host for HostState {
             Ok(procs) => procs,
             Err(e) => return Ok(Err(e)),
         };
-        Ok(Ok(self.push(ProcMeshHandle { extent, procs })?))
+        let owned = self.cluster.job.attached.is_none();
+        Ok(Ok(self.push(ProcMeshHandle {
+            extent,
+            procs,
+            owned,
+        })?))
     }
 
     async fn next_events(&mut self, max: u32, timeout_ms: u64) -> wasmtime::Result<Vec<Event>> {
@@ -574,7 +673,7 @@ impl mesh::Host for HostState {
         if now >= self.cluster.deadline {
             wasmtime::bail!("the run's deadline passed (--timeout)");
         }
-        if self.interrupt.load(Ordering::Relaxed) {
+        if self.interrupt.is_raised() {
             wasmtime::bail!("the actor was stopped while it waited");
         }
         let until = (now + Duration::from_millis(timeout_ms)).min(self.cluster.deadline);
@@ -629,6 +728,11 @@ impl mesh::Host for HostState {
         self.call_timeout = Duration::from_millis(timeout_ms.max(1));
         Ok(())
     }
+
+    async fn set_handler_timeout(&mut self, timeout_ms: Option<u64>) -> wasmtime::Result<()> {
+        self.handler_timeout = timeout_ms.map(|ms| Duration::from_millis(ms.max(1)));
+        Ok(())
+    }
 }
 
 impl mesh::HostProcMesh for HostState {
@@ -642,9 +746,14 @@ impl mesh::HostProcMesh for HostState {
         dims: Vec<SliceDim>,
     ) -> wasmtime::Result<Result<Resource<ProcMeshHandle>, String>> {
         let mesh = self.table.get(&this)?;
+        let owned = mesh.owned;
         let sliced = slice(&mesh.extent, &mesh.procs, &dims);
         match sliced {
-            Ok((extent, procs)) => Ok(Ok(self.push(ProcMeshHandle { extent, procs })?)),
+            Ok((extent, procs)) => Ok(Ok(self.push(ProcMeshHandle {
+                extent,
+                procs,
+                owned,
+            })?)),
             Err(e) => Ok(Err(e)),
         }
     }
@@ -656,21 +765,103 @@ impl mesh::HostProcMesh for HostState {
         class: String,
         init: Vec<u8>,
     ) -> wasmtime::Result<Result<Resource<ActorMeshHandle>, String>> {
-        self.spawn_mesh(this, name, class, init, Vec::new()).await
+        self.spawn_mesh_with(this, name, class, init, Vec::new(), None)
+            .await
     }
 
-    async fn spawn_many(
+    async fn spawn_with(
         &mut self,
         this: Resource<ProcMeshHandle>,
         name: String,
         class: String,
         init: Vec<u8>,
-        per_proc: Vec<Dim>,
+        options: SpawnOptions,
     ) -> wasmtime::Result<Result<Resource<ActorMeshHandle>, String>> {
-        if let Err(e) = validate_extent(&per_proc) {
+        if !options.per_proc.is_empty()
+            && let Err(e) = validate_extent(&options.per_proc)
+        {
             return Ok(Err(format!("per-proc extent: {e}")));
         }
-        self.spawn_mesh(this, name, class, init, per_proc).await
+        if options.handler_timeout_ms == Some(0) {
+            return Ok(Err(
+                "a handler timeout of 0 ms lets no handler run; leave it out for none".into(),
+            ));
+        }
+        self.spawn_mesh_with(
+            this,
+            name,
+            class,
+            init,
+            options.per_proc,
+            options.handler_timeout_ms,
+        )
+        .await
+    }
+
+    async fn info(&mut self, this: Resource<ProcMeshHandle>) -> wasmtime::Result<Vec<ProcInfo>> {
+        let procs = self.table.get(&this)?.procs.clone();
+        let client = self.cluster.client().ok();
+        let infos = procs
+            .iter()
+            .enumerate()
+            .map(|(rank, proc)| {
+                let known = client.and_then(|c| c.proc_info(proc));
+                let dead = client.and_then(|c| c.dead(proc));
+                let state = match (&known, dead) {
+                    (Some(info), _) if info.stopped => ProcState::Stopped,
+                    (_, Some(reason)) if reason == hyperactor_mesh::comm::STOPPED_BY_OWNER => {
+                        ProcState::Stopped
+                    }
+                    (_, Some(reason)) => ProcState::Failed(reason),
+                    (Some(info), None) => match &info.ended {
+                        Some(reason) => ProcState::Failed(reason.clone()),
+                        None => ProcState::Running,
+                    },
+                    (None, None) => ProcState::Running,
+                };
+                ProcInfo {
+                    rank: rank as u32,
+                    id: proc.to_string(),
+                    host: known
+                        .as_ref()
+                        .map_or_else(|| "local".into(), |i| i.host.clone()),
+                    pid: known.and_then(|i| i.pid),
+                    state,
+                }
+            })
+            .collect();
+        Ok(infos)
+    }
+
+    async fn kill(
+        &mut self,
+        this: Resource<ProcMeshHandle>,
+        rank: u32,
+        signal: i32,
+    ) -> wasmtime::Result<Result<(), String>> {
+        let mesh = self.table.get(&this)?;
+        let Some(proc) = mesh.procs.get(rank as usize).cloned() else {
+            return Ok(Err(format!(
+                "rank {rank} is outside this proc mesh of {} procs",
+                mesh.procs.len()
+            )));
+        };
+        if !mesh.owned {
+            return Ok(Err(format!(
+                "proc {proc} belongs to a persistent mesh, not to this program; only procs the program started may be killed"
+            )));
+        }
+        if !(1..=64).contains(&signal) {
+            return Ok(Err(format!("{signal} is not a signal number (1-64)")));
+        }
+        let client = match self.cluster.client() {
+            Ok(client) => client.clone(),
+            Err(e) => return Ok(Err(e)),
+        };
+        if client.proc_info(&proc).is_none() {
+            return Ok(Err(format!("proc {proc} was not started by this program")));
+        }
+        Ok(client.kill(&proc, signal).map_err(|e| e.to_string()))
     }
 
     async fn stop(&mut self, this: Resource<ProcMeshHandle>) -> wasmtime::Result<()> {
@@ -684,6 +875,12 @@ impl mesh::HostProcMesh for HostState {
             .filter(|m| on_them(m))
             .cloned()
             .collect();
+        for mesh in &meshes {
+            mesh.state().stopped = Some(format!(
+                "the actor mesh `{}` was stopped with its procs",
+                mesh.name
+            ));
+        }
         self.spawned.retain(|m| !on_them(m));
         if let Ok(client) = self.cluster.client() {
             let stops = meshes.iter().map(|mesh| {
@@ -705,13 +902,14 @@ impl mesh::HostProcMesh for HostState {
 }
 
 impl HostState {
-    async fn spawn_mesh(
+    async fn spawn_mesh_with(
         &mut self,
         this: Resource<ProcMeshHandle>,
         name: String,
         class: String,
         init: Vec<u8>,
         per_proc: Vec<Dim>,
+        handler_timeout_ms: Option<u64>,
     ) -> wasmtime::Result<Result<Resource<ActorMeshHandle>, String>> {
         if let Err(e) = hyperactor::id::validate_name(&name) {
             return Ok(Err(e.to_string()));
@@ -739,6 +937,8 @@ impl HostState {
         }
         let per = extent_size(&per_proc).max(1) as u32;
         extent.extend(per_proc);
+        // A stopped mesh's name may be used again.
+        self.spawned.retain(|m| m.state().stopped.is_none());
         if self
             .spawned
             .iter()
@@ -771,6 +971,13 @@ impl HostState {
                 .as_millis() as u64,
             call_timeout_ms: self.cluster.sandbox.call_timeout.as_millis() as u64,
             fanout: self.cluster.sandbox.fanout,
+            handler_timeout_ms: handler_timeout_ms.or_else(|| {
+                self.cluster
+                    .sandbox
+                    .handler_timeout
+                    .map(|t| t.as_millis().max(1) as u64)
+            }),
+            grants: self.cluster.sandbox.grants.clone(),
         };
         let dims: Vec<(String, u32)> = extent.iter().map(|d| (d.name.clone(), d.size)).collect();
         let timeout = self
@@ -799,11 +1006,7 @@ impl HostState {
         if let Some(observer) = &self.cluster.job.observer {
             observer.actors_spawned(&name, &class, &procs, per);
         }
-        let base = Arc::new(MeshBase {
-            name,
-            procs,
-            per_proc: per,
-        });
+        let base = Arc::new(MeshBase::new(name, procs, per));
         self.spawned.push(base.clone());
         let ranks = (0..extent_size(&extent) as u32).collect();
         Ok(Ok(self.push(ActorMeshHandle::new(base, extent, ranks))?))
@@ -904,13 +1107,18 @@ impl mesh::HostActorMesh for HostState {
         this: Resource<ActorMeshHandle>,
         endpoint: String,
         message: Vec<u8>,
-    ) -> wasmtime::Result<()> {
-        self.request(this, endpoint, message, Mode::Broadcast, |_| Ok(None))?;
-        Ok(())
+    ) -> wasmtime::Result<Result<(), CallError>> {
+        let mesh = self.table.get(&this)?.clone();
+        if let Some(error) = self.refused(&mesh, None, &endpoint) {
+            return Ok(Err(error));
+        }
+        self.start(&mesh, None, endpoint, message, Mode::Broadcast);
+        Ok(Ok(()))
     }
 
     async fn stop(&mut self, this: Resource<ActorMeshHandle>) -> wasmtime::Result<()> {
         let base = self.table.get(&this)?.base.clone();
+        base.state().stopped = Some(format!("the actor mesh `{}` was stopped", base.name));
         if let Ok(client) = self.cluster.client() {
             self.cluster
                 .stop_actors(client, &base, Duration::from_secs(5))
@@ -928,7 +1136,18 @@ impl mesh::HostActorMesh for HostState {
         reference: Vec<u8>,
     ) -> wasmtime::Result<Result<Resource<ActorMeshHandle>, String>> {
         match ActorMeshHandle::from_ref(&reference) {
-            Ok(mesh) => Ok(Ok(self.push(mesh)?)),
+            Ok(mut mesh) => {
+                // A reference to a mesh this instance spawned shares what
+                // the instance knows of it (MS-1).
+                if let Some(base) = self
+                    .spawned
+                    .iter()
+                    .find(|b| b.name == mesh.base.name && b.procs == mesh.base.procs)
+                {
+                    mesh.base = base.clone();
+                }
+                Ok(Ok(self.push(mesh)?))
+            }
             Err(e) => Ok(Err(e)),
         }
     }
@@ -949,13 +1168,57 @@ impl HostState {
         select: impl FnOnce(&ActorMeshHandle) -> Result<Option<Vec<usize>>, String>,
     ) -> wasmtime::Result<u64> {
         let mesh = self.table.get(&this)?.clone();
-        match select(&mesh) {
-            Ok(positions) => Ok(self.start(&mesh, positions, endpoint, message, mode)),
-            Err(reason) => {
-                let id = self.request_id();
-                self.finish_now(id, EventKind::Done(Err(CallError::Invalid(reason))));
-                Ok(id)
-            }
+        let positions = match select(&mesh) {
+            Ok(positions) => positions,
+            Err(reason) => return Ok(self.refuse(errors::invalid(reason))),
+        };
+        match self.refused(&mesh, positions.as_deref(), &endpoint) {
+            Some(error) => Ok(self.refuse(error)),
+            None => Ok(self.start(&mesh, positions, endpoint, message, mode)),
         }
+    }
+
+    /// Ends a new request at once with `error`; returns its id.
+    fn refuse(&mut self, error: CallError) -> u64 {
+        let id = self.request_id();
+        self.finish_now(id, EventKind::Done(Err(error)));
+        id
+    }
+
+    /// The error a request to the ranks at `positions` of `mesh` (all of
+    /// them when None) gets at once, without being sent, because the mesh
+    /// was stopped or one of those ranks failed (MS-1).
+    fn refused(
+        &self,
+        mesh: &ActorMeshHandle,
+        positions: Option<&[usize]>,
+        endpoint: &str,
+    ) -> Option<CallError> {
+        let state = mesh.base.state();
+        if let Some(why) = &state.stopped {
+            let rank = mesh.ranks.first().copied().unwrap_or(0);
+            return Some(errors::at_rank(
+                ErrorKind::Stopped,
+                mesh.name(),
+                rank,
+                Some(endpoint),
+                why.clone(),
+            ));
+        }
+        if state.failed.is_empty() {
+            return None;
+        }
+        let ranks: Vec<u32> = match positions {
+            None => mesh.ranks.clone(),
+            Some(positions) => positions
+                .iter()
+                .filter_map(|&p| mesh.ranks.get(p).copied())
+                .collect(),
+        };
+        ranks
+            .iter()
+            .filter_map(|r| state.failed.get(r))
+            .min_by_key(|f| f.rank)
+            .map(|failure| errors::from_failure(failure, endpoint))
     }
 }

@@ -17,14 +17,17 @@
 //!    arrive as events in the caller's event queue.
 //!
 //! The sandbox grants nothing the operator did not: no preopened
-//! directories, no environment, no sockets; a memory cap per instance; and
-//! an epoch deadline that makes a spinning guest yield and, past its wall
-//! clock deadline, trap.
+//! directories or environment unless granted (`--dir`, `--env`), no
+//! sockets; a memory cap per instance; an epoch deadline that makes a
+//! spinning guest yield and, past its wall clock deadline, trap; and
+//! handler deadlines that interrupt an actor stuck in one message.
 
 pub mod bindings;
 pub mod engine;
+mod errors;
 pub mod host;
 pub mod mesh;
+mod output;
 pub mod rdma;
 pub mod tensor;
 pub mod wasm_actor;
@@ -33,6 +36,6 @@ mod run;
 
 pub mod serve;
 
-pub use engine::{LoadError, Loaded, Placement, Sandbox};
+pub use engine::{DirGrant, Grants, LoadError, Loaded, Placement, Sandbox, parse_env};
 pub use host::{AttachedProcs, MeshObserver};
 pub use run::{Mesh, Prepared, RunError, blob_dir, run_program};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use monarch_host::{Placement, Sandbox, run_program};
+use monarch_host::{DirGrant, Grants, Placement, RunError, Sandbox, parse_env, run_program};
 
 mod serve_cli;
 
@@ -96,6 +96,22 @@ struct RunArgs {
     /// another timeout, in seconds.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     call_timeout: u64,
+    /// The most time one actor handler may take, in seconds (fractions
+    /// allowed), unless a mesh or a call sets its own. A handler past it is
+    /// interrupted and its actor fails with kind `deadline`; its proc and
+    /// the other actors go on. Default: no limit.
+    #[arg(long, value_parser = parse_seconds)]
+    handler_timeout: Option<Duration>,
+    /// Preopens a host directory for the program and its actors:
+    /// HOST[::GUEST][:ro|:rw], read-only unless `:rw`; guests see it at
+    /// GUEST (default: the same path). Repeat for more. Nothing is granted
+    /// by default.
+    #[arg(long = "dir", value_name = "HOST[::GUEST][:ro|:rw]")]
+    dirs: Vec<DirGrant>,
+    /// Sets an environment variable for the program and its actors:
+    /// KEY=VALUE. Repeat for more. None is passed by default.
+    #[arg(long = "env", value_name = "KEY=VALUE", value_parser = parse_env)]
+    env: Vec<(String, String)>,
     /// Threads of this process, which runs the controller (and, with
     /// --in-process, the actors). With 1 (the default) a call to an actor
     /// in this process costs a few microseconds; more threads let busy
@@ -135,6 +151,9 @@ fn main() -> ExitCode {
         memory,
         timeout,
         call_timeout,
+        handler_timeout,
+        dirs,
+        env,
         threads,
         args,
     } = match cli.command {
@@ -194,6 +213,8 @@ fn main() -> ExitCode {
         max_procs: procs as usize,
         placement,
         fanout,
+        handler_timeout,
+        grants: Grants { dirs, env },
     };
     let log = Arc::new(|line: &str| println!("{line}"));
     let outcome = runtime.block_on(async move {
@@ -202,6 +223,11 @@ fn main() -> ExitCode {
     runtime.shutdown_timeout(Duration::from_secs(1));
     match outcome {
         Ok(Ok(())) => ExitCode::SUCCESS,
+        // The program's own exit status, as a native program's would be.
+        Ok(Err(RunError::Exit(code))) => {
+            eprintln!("monarch-host: the program exited with status {code}");
+            ExitCode::from(u8::try_from(code).unwrap_or(1).max(1))
+        }
         Ok(Err(e)) => {
             eprintln!("monarch-host: error: {e}");
             ExitCode::FAILURE
@@ -211,6 +237,17 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Parses seconds, fractions allowed (`1`, `0.5`).
+fn parse_seconds(text: &str) -> Result<Duration, String> {
+    let seconds: f64 = text
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number of seconds"))?;
+    if !(seconds > 0.0 && seconds.is_finite() && seconds < 1e9) {
+        return Err(format!("`{text}`: give a positive number of seconds"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
 }
 
 fn init_tracing() {

@@ -18,6 +18,9 @@ use crate::bindings::{Dim, Selector as WitSelector, SliceDim};
 pub struct ProcMeshHandle {
     pub(crate) extent: Vec<Dim>,
     pub(crate) procs: Vec<ProcId>,
+    /// Whether the instance started these procs (and so may kill them);
+    /// false for a persistent mesh's procs lent to a job.
+    pub(crate) owned: bool,
 }
 
 /// An actor mesh as spawned: its procs in order, and how many actors each
@@ -27,6 +30,36 @@ pub struct MeshBase {
     pub(crate) name: String,
     pub(crate) procs: Vec<ProcId>,
     pub(crate) per_proc: u32,
+    /// What its owner knows happened to it (MS-1).
+    pub(crate) state: std::sync::Mutex<MeshState>,
+}
+
+/// What happened to an actor mesh, as its owner heard it. A request to a
+/// stopped mesh, or to a failed rank, fails at once with this (MS-1),
+/// instead of waiting for the call timeout.
+#[derive(Debug, Default)]
+pub struct MeshState {
+    /// Why the mesh was stopped, once it was.
+    pub(crate) stopped: Option<String>,
+    /// The failure of each rank that failed.
+    pub(crate) failed: std::collections::BTreeMap<u32, crate::bindings::SupervisionFailure>,
+}
+
+impl MeshBase {
+    /// A mesh nobody has heard anything of yet.
+    pub(crate) fn new(name: String, procs: Vec<ProcId>, per_proc: u32) -> Self {
+        MeshBase {
+            name,
+            procs,
+            per_proc,
+            state: Default::default(),
+        }
+    }
+
+    /// The state, even if a panic poisoned its lock.
+    pub(crate) fn state(&self) -> std::sync::MutexGuard<'_, MeshState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// An actor mesh, or a slice of one.
@@ -83,6 +116,8 @@ impl ActorMeshHandle {
     /// A reference that can travel inside a payload.
     pub(crate) fn to_ref(&self) -> Vec<u8> {
         let value = serde_json::json!({
+            "monarch": "actor-mesh",
+            "version": 1,
             "name": self.base.name,
             "procs": self.base.procs.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
             "per_proc": self.base.per_proc,
@@ -96,6 +131,8 @@ impl ActorMeshHandle {
     pub(crate) fn from_ref(bytes: &[u8]) -> Result<Self, String> {
         #[derive(serde::Deserialize)]
         struct Wire {
+            monarch: Option<String>,
+            version: Option<u32>,
             name: String,
             procs: Vec<String>,
             per_proc: u32,
@@ -104,6 +141,11 @@ impl ActorMeshHandle {
         }
         let wire: Wire = serde_json::from_slice(bytes)
             .map_err(|e| format!("not an actor mesh reference: {e}"))?;
+        if wire.monarch.as_deref().is_some_and(|m| m != "actor-mesh")
+            || wire.version.unwrap_or(1) != 1
+        {
+            return Err("not an actor mesh reference of version 1 (see wit/README.md)".into());
+        }
         hyperactor::id::validate_name(&wire.name)
             .map_err(|e| format!("actor mesh reference: {e}"))?;
         let extent: Vec<Dim> = wire
@@ -126,11 +168,7 @@ impl ActorMeshHandle {
         if wire.ranks.iter().any(|&r| r as u64 >= limit) {
             return Err("actor mesh reference: a rank is outside the mesh".into());
         }
-        let base = Arc::new(MeshBase {
-            name: wire.name,
-            procs,
-            per_proc: wire.per_proc,
-        });
+        let base = Arc::new(MeshBase::new(wire.name, procs, wire.per_proc));
         Ok(ActorMeshHandle::new(base, extent, wire.ranks))
     }
 }
@@ -155,6 +193,13 @@ pub struct WasmSpawnParams {
     pub call_timeout_ms: u64,
     /// The fan-out of the actor's casts.
     pub fanout: u32,
+    /// The actor's handler deadline (spawn option, else the run's
+    /// default), in milliseconds.
+    #[serde(default)]
+    pub handler_timeout_ms: Option<u64>,
+    /// What the run grants its guests.
+    #[serde(default)]
+    pub grants: crate::engine::Grants,
 }
 
 impl WasmSpawnParams {
@@ -290,11 +335,7 @@ mod tests {
     #[test]
     fn refs_round_trip_and_garbage_is_refused() {
         let proc: ProcId = "local:x,p".parse().unwrap();
-        let base = Arc::new(MeshBase {
-            name: "greeter".into(),
-            procs: vec![proc.clone(), proc],
-            per_proc: 2,
-        });
+        let base = Arc::new(MeshBase::new("greeter".into(), vec![proc.clone(), proc], 2));
         let mesh = ActorMeshHandle::new(base, dims(&[("gpus", 2)]), vec![1, 3]);
         let back = ActorMeshHandle::from_ref(&mesh.to_ref()).unwrap();
         assert_eq!(back.name(), "greeter");

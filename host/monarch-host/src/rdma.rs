@@ -25,7 +25,8 @@ use hyperactor::ProcId;
 use hyperactor_mesh::client::MeshClient;
 use monarch_rdma::mesh::{RdmaMesh, RdmaMeshOptions, RemoteBuffer};
 
-use crate::bindings::{CallError, Completions, Event, EventKind, Reply};
+use crate::bindings::{CallError, Completions, ErrorKind, Event, EventKind, Reply};
+use crate::errors;
 
 /// The RDMA actors of one instance: a mesh of them per proc mesh the
 /// program allocates on, started on first use, so that errors name ranks of
@@ -216,8 +217,17 @@ fn finish<E: std::fmt::Display>(
     tokio::spawn(async move {
         let result = match tokio::time::timeout(timeout, work).await {
             Ok(Ok(bytes)) => Ok(Reply::Single(bytes)),
-            Ok(Err(e)) => Err(CallError::Invalid(format!("{what}: {e}"))),
-            Err(_) => Err(CallError::Timeout(timeout.as_millis() as u64)),
+            Ok(Err(e)) => Err(errors::invalid(format!("{what}: {e}"))),
+            Err(_) => Err(CallError {
+                kind: ErrorKind::Timeout,
+                origin: None,
+                message: format!(
+                    "{what}: no answer within {} ms (the call timeout)",
+                    timeout.as_millis()
+                ),
+                type_name: None,
+                backtrace: None,
+            }),
         };
         let _ = done.send(Event {
             id,

@@ -47,6 +47,9 @@ pub enum RunError {
     /// The run took longer than its deadline.
     #[error("the run did not finish within {0:?} (--timeout)")]
     Timeout(std::time::Duration),
+    /// The controller called `exit` with a status other than 0.
+    #[error("the program exited with status {0}")]
+    Exit(i32),
     /// The host failed.
     #[error("host error: {0}")]
     Host(String),
@@ -230,11 +233,21 @@ impl Prepared {
             })
         });
         let mailbox = client.mailbox().clone();
-        let mut state = HostState::new(cluster.clone(), &mailbox, "controller".into());
+        // A server's job prints into its log; a run from the command line
+        // prints to the terminal as any program does.
+        let output = cluster
+            .job
+            .observer
+            .is_some()
+            .then(|| "[controller] ".to_string());
+        let mut state = HostState::new(cluster.clone(), &mailbox, "controller".into(), output);
         state.watch(client.subscribe());
         let mut store = new_store(&cluster, state);
         let run = tokio::time::timeout(deadline, async {
-            let trapped = |e: wasmtime::Error| RunError::Trap(format!("{e:?}"));
+            let trapped = |e: wasmtime::Error| match e.downcast_ref::<wasmtime_wasi::I32Exit>() {
+                Some(exit) => RunError::Exit(exit.0),
+                None => RunError::Trap(format!("{e:?}")),
+            };
             let result = match &self.entry {
                 Entry::Program(pre) => {
                     let program: Program =
@@ -261,6 +274,11 @@ impl Prepared {
         let outcome = tokio::select! {
             outcome = run => outcome.unwrap_or(Err(RunError::Timeout(deadline))),
             reason = cancel => Err(RunError::Cancelled(reason)),
+        };
+        // `exit(0)` is a success like returning `Ok`.
+        let outcome = match outcome {
+            Err(RunError::Exit(0)) => Ok(()),
+            other => other,
         };
         let spawned = store.data_mut().take_spawned();
         drop(store);

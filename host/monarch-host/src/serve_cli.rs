@@ -48,6 +48,13 @@ pub struct ServeArgs {
     /// Threads serving HTTP and running controllers.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=256))]
     threads: u16,
+    /// A directory whose contents jobs may be granted (`submit --dir`):
+    /// a job may ask for it or any directory inside it, read-only or
+    /// read-write as it asks. Repeat for more. Without any, no job is
+    /// granted a directory. Resolved at start (symlinks and `..`), so a
+    /// granted path cannot lead out of it; a missing one stops the server.
+    #[arg(long = "allow-dir", value_name = "DIR")]
+    allow_dirs: Vec<PathBuf>,
 }
 
 fn parse_mesh(text: &str) -> Result<(String, u32), String> {
@@ -60,6 +67,22 @@ fn parse_mesh(text: &str) -> Result<(String, u32), String> {
         .filter(|n| *n > 0)
         .ok_or_else(|| format!("`{procs}` is not a number of procs"))?;
     Ok((name.to_string(), procs))
+}
+
+/// `--handler-timeout`: a positive number of seconds.
+fn parse_seconds(text: &str) -> Result<f64, String> {
+    let seconds: f64 = text
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number of seconds"))?;
+    if !(seconds > 0.0 && seconds.is_finite()) {
+        return Err(format!("`{text}`: give a positive number of seconds"));
+    }
+    Ok(seconds)
+}
+
+/// `--env`: checked here for a quick answer, sent as written.
+fn check_env(text: &str) -> Result<String, String> {
+    monarch_host::parse_env(text).map(|_| text.to_string())
 }
 
 /// Where the client subcommands find the server.
@@ -97,6 +120,22 @@ pub struct SubmitArgs {
     /// The default timeout of each call, in seconds.
     #[arg(long)]
     call_timeout: Option<u64>,
+    /// The most time one actor handler may take, in seconds (fractions
+    /// allowed), unless a mesh or a call sets its own; at most the server's
+    /// --max-timeout. Default: no limit.
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    handler_timeout: Option<f64>,
+    /// Grants the job a directory of the server's machine:
+    /// HOST[::GUEST][:ro|:rw], read-only unless `:rw`; guests see it at
+    /// GUEST (default: HOST). HOST is an absolute path on the server, inside
+    /// one of its --allow-dir; the server resolves and checks it. Repeat
+    /// for more.
+    #[arg(long = "dir", value_name = "HOST[::GUEST][:ro|:rw]")]
+    dirs: Vec<String>,
+    /// Sets an environment variable for the program and its actors:
+    /// KEY=VALUE. Repeat for more.
+    #[arg(long = "env", value_name = "KEY=VALUE", value_parser = check_env)]
+    env: Vec<String>,
     /// Prints the job's log as it runs, and exits 0 only if it succeeds.
     #[arg(long)]
     follow: bool,
@@ -164,6 +203,7 @@ pub fn serve(args: ServeArgs) -> ExitCode {
     let mut config = ServeConfig::new(args.listen, args.data, bootstrap);
     config.token = token;
     config.meshes = args.meshes;
+    config.allowed_dirs = args.allow_dirs;
     config.max_running_jobs = args.max_jobs as usize;
     config.max_upload_bytes = args.max_upload_mib << 20;
     config.max_log_bytes = args.max_log_mib << 20;
@@ -172,6 +212,7 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         timeout_s: args.max_timeout,
         call_timeout_s: args.max_timeout,
         procs: args.max_procs,
+        handler_timeout_s: None,
     };
     let defaults = Limits::default();
     config.default_limits = Limits {
@@ -179,6 +220,7 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         timeout_s: defaults.timeout_s.min(args.max_timeout),
         call_timeout_s: defaults.call_timeout_s.min(args.max_timeout),
         procs: defaults.procs.min(args.max_procs),
+        handler_timeout_s: None,
     };
     let runtime = match runtime(args.threads.into()) {
         Ok(runtime) => runtime,
@@ -256,6 +298,9 @@ pub fn submit(args: SubmitArgs) -> ExitCode {
         memory,
         timeout,
         call_timeout,
+        handler_timeout,
+        dirs,
+        env,
         follow,
         args,
     } = args;
@@ -289,12 +334,15 @@ pub fn submit(args: SubmitArgs) -> ExitCode {
                 timeout_s: timeout,
                 call_timeout_s: call_timeout,
                 procs: None,
+                handler_timeout_s: handler_timeout,
             }),
             mesh: match (mesh, procs) {
                 (Some(name), _) => Some(MeshChoice::Name(name)),
                 (None, Some(procs)) => Some(MeshChoice::Spec(MeshSpec { procs })),
                 (None, None) => None,
             },
+            dirs,
+            env,
         };
         let id = client.submit(&job).await?;
         if !follow {

@@ -38,7 +38,8 @@ use monarch_tensor::{DType, Device, Tensor};
 use tokio::sync::mpsc;
 
 use crate::bindings::monarch::host::tensor as wit;
-use crate::bindings::{CallError, Completions, Event, EventKind, Reply, SupervisionFailure};
+use crate::bindings::{CallError, Completions, ErrorKind, Event, EventKind, Reply};
+use crate::errors;
 
 /// Byte initializers larger than this go to each rank as its own shard in
 /// chunks ([`TensorMesh::upload`]) instead of whole in one message.
@@ -411,7 +412,7 @@ impl TensorHandle {
 fn refuse(id: u64, done: &Completions, reason: String) {
     let _ = done.send(Event {
         id,
-        kind: EventKind::Done(Err(CallError::Invalid(reason))),
+        kind: EventKind::Done(Err(errors::invalid(reason))),
     });
 }
 
@@ -598,17 +599,17 @@ async fn run_wait(
     }
 }
 
-/// A mesh error as the guest's `call-error`.
+/// A mesh error as the guest's `call-error`: a poisoned tensor a rank
+/// reported is an endpoint error of that rank, a rank that could not take
+/// a command lost its proc, anything else was refused by the controller.
 fn call_error(mesh: &str, error: MeshError) -> CallError {
     match &error {
         MeshError::Poisoned {
             rank: Some(rank), ..
-        } => CallError::Endpoint((*rank, error.to_string())),
-        MeshError::Failed { rank, reason } => CallError::Supervision(SupervisionFailure {
-            mesh: mesh.to_string(),
-            rank: *rank,
-            reason: reason.clone(),
-        }),
-        _ => CallError::Invalid(error.to_string()),
+        } => errors::at_rank(ErrorKind::Endpoint, mesh, *rank, None, error.to_string()),
+        MeshError::Failed { rank, reason } => {
+            errors::at_rank(ErrorKind::ProcLost, mesh, *rank, None, reason.clone())
+        }
+        _ => errors::invalid(error.to_string()),
     }
 }

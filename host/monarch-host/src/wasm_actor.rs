@@ -12,20 +12,19 @@
 //! into a failure for every pending caller.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::anyhow;
 use hyperactor::{Actor, Context, Exports, Handler, Mailbox, PortRef};
-use hyperactor_mesh::MeshCall;
 use hyperactor_mesh::agent::{MeshEvent, Registry, SpawnArgs, SpawnedActor, blob_path};
+use hyperactor_mesh::{Fault, FaultKind, MeshCall};
 use tokio::sync::OnceCell;
 use wasmtime::Store;
 
 use crate::bindings::{Dim, Program, ProgramPre};
 use crate::engine::{self, Sandbox};
-use crate::host::{Cluster, HostState, LogSink, ProgramBytes, linker, new_store};
+use crate::host::{Cluster, HostState, Interrupt, LogSink, ProgramBytes, linker, new_store};
 use crate::mesh::{WASM_KIND, WasmSpawnParams};
 
 /// A Wasm actor; see the module docs.
@@ -37,8 +36,47 @@ pub struct WasmActor {
     rank: u32,
     extent: Vec<Dim>,
     instance: Option<(Store<HostState>, Program)>,
-    /// Set by the proc's agent when it stops the actor (see `HostState`).
-    interrupt: Arc<AtomicBool>,
+    /// The deadline of each handler unless a call names its own.
+    handler_timeout: Option<Duration>,
+    /// Raised by the proc's agent when it stops the actor (see `HostState`).
+    interrupt: Arc<Interrupt>,
+}
+
+/// How a guest export ended: returned, trapped, or was interrupted.
+enum Ended<T> {
+    Returned(T),
+    Trapped(wasmtime::Error),
+    /// Past its deadline, which was this long.
+    Deadline(Duration),
+    /// The actor was stopped while the guest ran.
+    Stopped,
+}
+
+/// Runs a guest export until it returns, its deadline passes, or the actor
+/// is stopped. A guest that spins yields at every epoch tick and one that
+/// waits in a host call (a WASI sleep, `next-events`) is pending, so
+/// either way the race is decided within a tick; the export's future is
+/// dropped then, and the instance must not be used again.
+async fn race<T>(
+    export: impl std::future::Future<Output = wasmtime::Result<T>>,
+    deadline: Option<Duration>,
+    interrupt: &Interrupt,
+) -> Ended<T> {
+    let expired = async {
+        match deadline {
+            Some(after) => tokio::time::sleep(after).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        biased;
+        _ = interrupt.raised() => Ended::Stopped,
+        result = export => match result {
+            Ok(value) => Ended::Returned(value),
+            Err(trap) => Ended::Trapped(trap),
+        },
+        _ = expired => Ended::Deadline(deadline.unwrap_or_default()),
+    }
 }
 
 impl Actor for WasmActor {
@@ -49,7 +87,8 @@ impl Actor for WasmActor {
     async fn init(&mut self, cx: &Context<Self>) -> anyhow::Result<()> {
         let who = format!("{}[{}]", self.mesh, self.rank);
         let mailbox: Mailbox = (**cx).clone();
-        let mut state = HostState::new(self.cluster.clone(), &mailbox, who);
+        let output = format!("[{} {}] ", self.mesh, self.rank);
+        let mut state = HostState::new(self.cluster.clone(), &mailbox, who, Some(output));
         state.interrupt = self.interrupt.clone();
         let mut store = new_store(&self.cluster, state);
         let pre = self
@@ -61,14 +100,28 @@ impl Actor for WasmActor {
             .instantiate_async(&mut store)
             .await
             .map_err(|e| anyhow!("instantiating the program: {e:?}"))?;
-        let created = program
-            .monarch_host_actor_class()
-            .call_create(&mut store, &self.class, &self.init, self.rank, &self.extent)
-            .await
-            .map_err(|trap| {
+        let create = program.monarch_host_actor_class().call_create(
+            &mut store,
+            &self.class,
+            &self.init,
+            self.rank,
+            &self.extent,
+        );
+        let created = match race(create, self.handler_timeout, &self.interrupt).await {
+            Ended::Returned(created) => created,
+            Ended::Trapped(trap) => {
                 tracing::info!(actor = %cx.actor_id(), "trap in create: {trap:?}");
-                anyhow!("`create` trapped: {}", trap_reason(&trap))
-            })?;
+                let fault = trap_fault(&trap, "create");
+                return Err(anyhow!("`create` trapped: {}", fault.message));
+            }
+            Ended::Deadline(after) => {
+                return Err(anyhow!(
+                    "`create` ran past the handler deadline of {} ms",
+                    after.as_millis()
+                ));
+            }
+            Ended::Stopped => return Err(anyhow!("the actor was stopped during `create`")),
+        };
         created.map_err(|error| anyhow!("`create` of class `{}` failed: {error}", self.class))?;
         self.instance = Some((store, program));
         Ok(())
@@ -77,29 +130,81 @@ impl Actor for WasmActor {
 
 impl Handler<MeshCall> for WasmActor {
     async fn handle(&mut self, cx: &Context<Self>, call: MeshCall) -> anyhow::Result<()> {
-        let (store, program) = self
-            .instance
-            .as_mut()
-            .ok_or_else(|| anyhow!("the actor has no instance"))?;
-        let result = program
-            .monarch_host_actor_class()
-            .call_handle(&mut *store, &call.endpoint, &call.message)
-            .await;
-        match result {
-            Ok(reply) => {
-                call.reply.send(cx, reply);
+        let Some((store, program)) = self.instance.as_mut() else {
+            let fault = Fault::new(
+                FaultKind::Stopped,
+                "the actor has no instance: it was stopped",
+            );
+            call.reply.send(cx, Err(fault.encode()));
+            return Ok(());
+        };
+        let deadline = match call.handler_timeout_ms {
+            0 => self.handler_timeout,
+            ms => Some(Duration::from_millis(ms)),
+        };
+        let handle = program.monarch_host_actor_class().call_handle(
+            &mut *store,
+            &call.endpoint,
+            &call.message,
+        );
+        let ended = race(handle, deadline, &self.interrupt).await;
+        let endpoint = call.endpoint.as_str();
+        match ended {
+            Ended::Returned(Ok(reply)) => {
+                call.reply.send(cx, Ok(reply));
                 Ok(())
             }
+            Ended::Returned(Err(error)) => {
+                let fault = Fault {
+                    kind: FaultKind::Endpoint,
+                    message: error.message,
+                    endpoint: Some(endpoint.to_string()),
+                    type_name: error.type_name,
+                    backtrace: error.backtrace,
+                };
+                call.reply.send(cx, Err(fault.encode()));
+                if !call.broadcast {
+                    return Ok(());
+                }
+                // Nobody waits for a broadcast's reply: as in Monarch, the
+                // error fails the actor, and its owner hears of it.
+                let mut failed = fault;
+                failed.message = format!(
+                    "`{endpoint}` returned an error to a broadcast: {}",
+                    Fault::readable(&failed.message)
+                );
+                Err(anyhow!(failed.encode()))
+            }
             // A trap is fatal: hyperactor fails the actor and every caller
-            // waiting on it, this one included. Callers get the trap's
-            // reason; the Wasm backtrace goes to the host's log.
-            Err(trap) => {
-                tracing::info!(actor = %cx.actor_id(), endpoint = %call.endpoint, "trap: {trap:?}");
-                Err(anyhow!(
-                    "trapped in `{}`: {}",
-                    call.endpoint,
-                    trap_reason(&trap)
-                ))
+            // waiting on it, this one included, with the encoded fault.
+            Ended::Trapped(trap) => {
+                tracing::info!(actor = %cx.actor_id(), endpoint, "trap: {trap:?}");
+                self.instance = None;
+                Err(anyhow!(trap_fault(&trap, endpoint).encode()))
+            }
+            Ended::Deadline(after) => {
+                self.instance = None;
+                let fault = Fault::new(
+                    FaultKind::Deadline,
+                    format!(
+                        "the handler of `{endpoint}` ran past its deadline of {} ms and was interrupted",
+                        after.as_millis()
+                    ),
+                )
+                .at_endpoint(endpoint);
+                Err(anyhow!(fault.encode()))
+            }
+            // Stopped by its owner: not a failure. The caller hears why;
+            // the stop that follows in the queue ends the actor.
+            Ended::Stopped => {
+                self.instance = None;
+                let fault = Fault::new(
+                    FaultKind::Stopped,
+                    format!("the actor was stopped while it handled `{endpoint}`"),
+                )
+                .at_endpoint(endpoint);
+                call.reply.send(cx, Err(fault.encode()));
+                Ok(())
             }
         }
     }
@@ -108,12 +213,37 @@ impl Handler<MeshCall> for WasmActor {
 /// The reason of a trap without its backtrace: "wasm `unreachable`
 /// instruction executed", "out of bounds memory access"...
 pub(crate) fn trap_reason(error: &wasmtime::Error) -> String {
+    if let Some(exit) = error.downcast_ref::<wasmtime_wasi::I32Exit>() {
+        return format!("the guest exited with status {}", exit.0);
+    }
     match error.downcast_ref::<wasmtime::Trap>() {
         Some(trap) => trap.to_string(),
         // Not a Trap (memory growth refused, a deadline): the innermost
         // cause says why; the outer layers are the backtrace.
         None => error.root_cause().to_string(),
     }
+}
+
+/// What a trap in `endpoint` was, with its kind and the guest's Wasm
+/// backtrace (symbolized where the program has names).
+pub(crate) fn trap_fault(error: &wasmtime::Error, endpoint: &str) -> Fault {
+    let reason = trap_reason(error);
+    // The store's limiter refuses growth past the cap with this text (and
+    // `trap_on_grow_failure` turns it into a trap); a Rust guest whose
+    // allocator gets no memory aborts after printing the same words.
+    let out_of_memory = reason.contains("growing memory") || reason.contains("memory allocation");
+    let kind = if out_of_memory {
+        FaultKind::OutOfMemory
+    } else {
+        FaultKind::Trap
+    };
+    // The origin names the endpoint; the message is the trap itself.
+    let mut fault = Fault::new(kind, reason).at_endpoint(endpoint);
+    fault.backtrace = error
+        .downcast_ref::<wasmtime::WasmBacktrace>()
+        .map(|backtrace| backtrace.to_string())
+        .filter(|text| !text.trim().is_empty());
+    fault
 }
 
 /// A program compiled in this process: what every actor of it shares,
@@ -182,12 +312,15 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
                     Some((sha, log)) if sha == params.sha256 => log,
                     _ => log_to(&sinks, &args.proc, &args.events)?,
                 };
+                let handler_timeout = params.handler_timeout_ms.map(Duration::from_millis);
                 let sandbox = Sandbox {
                     memory_bytes: params.memory_bytes,
                     deadline: Duration::from_millis(params.deadline_ms),
                     call_timeout: Duration::from_millis(params.call_timeout_ms),
                     max_procs: 0,
                     fanout: params.fanout,
+                    handler_timeout,
+                    grants: params.grants,
                     ..Sandbox::default()
                 };
                 let cluster = Cluster::new(
@@ -212,11 +345,12 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
                         })
                         .collect(),
                     instance: None,
+                    handler_timeout,
                     interrupt: Arc::default(),
                 };
                 let interrupt = actor.interrupt.clone();
                 let spawned = SpawnedActor::start(&args, actor).await?;
-                Ok(spawned.on_stop(move || interrupt.store(true, Ordering::Relaxed)))
+                Ok(spawned.on_stop(move || interrupt.raise()))
             })
         }),
     );

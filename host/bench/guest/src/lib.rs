@@ -73,26 +73,26 @@ impl Actor for Echoer {
 }
 
 impl Handler<Echo> for Echoer {
-    async fn handle(&mut self, _cx: &Context, echo: Echo) -> Result<Vec<u8>, String> {
+    async fn handle(&mut self, _cx: &Context, echo: Echo) -> Result<Vec<u8>, EndpointError> {
         Ok(echo.0)
     }
 }
 
 impl Handler<Ping> for Echoer {
-    async fn handle(&mut self, _cx: &Context, ping: Ping) -> Result<i64, String> {
+    async fn handle(&mut self, _cx: &Context, ping: Ping) -> Result<i64, EndpointError> {
         Ok(ping.0)
     }
 }
 
 impl Handler<Bump> for Echoer {
-    async fn handle(&mut self, _cx: &Context, Bump: Bump) -> Result<(), String> {
+    async fn handle(&mut self, _cx: &Context, Bump: Bump) -> Result<(), EndpointError> {
         self.bumps += 1;
         Ok(())
     }
 }
 
 impl Handler<Count> for Echoer {
-    async fn handle(&mut self, _cx: &Context, Count: Count) -> Result<i64, String> {
+    async fn handle(&mut self, _cx: &Context, Count: Count) -> Result<i64, EndpointError> {
         Ok(self.bumps)
     }
 }

@@ -58,6 +58,9 @@ pub struct Limits {
     pub call_timeout_s: u64,
     /// The most procs a job on a fresh mesh may start.
     pub procs: u32,
+    /// The default deadline of each actor handler on the job's meshes, in
+    /// seconds, unless a mesh or a call sets its own; null: no deadline.
+    pub handler_timeout_s: Option<f64>,
 }
 
 impl Default for Limits {
@@ -67,6 +70,7 @@ impl Default for Limits {
             timeout_s: 300,
             call_timeout_s: 60,
             procs: 64,
+            handler_timeout_s: None,
         }
     }
 }
@@ -91,7 +95,7 @@ pub struct MeshSpec {
 }
 
 /// A job to run.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JobRequest {
     /// The component's id, from `POST /v1/components`.
@@ -105,6 +109,16 @@ pub struct JobRequest {
     /// Where the job runs; a fresh mesh when left out.
     #[serde(default)]
     pub mesh: Option<MeshChoice>,
+    /// Directories of the server's machine preopened for the program and
+    /// its actors, each `HOST[::GUEST][:ro|:rw]` (read-only unless `:rw`;
+    /// guests see it at `GUEST`, else at `HOST`). `HOST` is an absolute
+    /// path inside a directory the server allows (`serve --allow-dir`).
+    #[serde(default)]
+    pub dirs: Vec<String>,
+    /// Environment variables of the program and its actors, each
+    /// `KEY=VALUE`.
+    #[serde(default)]
+    pub env: Vec<String>,
 }
 
 /// Limits a job asks for; what it leaves out is the server's default.
@@ -119,6 +133,9 @@ pub struct PartialLimits {
     pub call_timeout_s: Option<u64>,
     /// The most procs a job on a fresh mesh may start.
     pub procs: Option<u32>,
+    /// The default deadline of each actor handler, in seconds (fractions
+    /// allowed): more than 0, at most the server's cap of `timeout_s`.
+    pub handler_timeout_s: Option<f64>,
 }
 
 /// The answer to a submission.
@@ -191,6 +208,14 @@ pub struct JobInfo {
     pub error: Option<String>,
     /// Its limits.
     pub limits: Limits,
+    /// The directories granted to it, as `HOST::GUEST:ro|rw` with the
+    /// host path resolved.
+    #[serde(default)]
+    pub dirs: Vec<String>,
+    /// The names of the environment variables granted to it (their values
+    /// are not shown).
+    #[serde(default)]
+    pub env: Vec<String>,
     /// When it was submitted.
     pub created_at_ms: i64,
     /// When its controller started.

@@ -5,6 +5,10 @@
 //! finishes, each in its own statement, so a crash loses at most the
 //! transition in flight; at the next start, jobs still `queued` or
 //! `running` are marked `failed` with the reason "server restarted".
+//!
+//! The schema's version is SQLite's `user_version`; [`Db::open`] brings a
+//! database of an older server up to date (see [`MIGRATIONS`]), so a new
+//! server opens the state of an old one.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -12,6 +16,7 @@ use std::sync::Mutex;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::api::{ComponentInfo, JobInfo, JobStatus, Limits};
+use crate::engine::Grants;
 
 /// The database; statements are short and run under one lock.
 pub(crate) struct Db {
@@ -64,6 +69,7 @@ impl Db {
              );",
         )
         .map_err(db_err)?;
+        migrate(&conn)?;
         let interrupted = conn
             .execute(
                 "UPDATE jobs SET status = 'failed', error = ?1, finished_at_ms = ?2
@@ -133,11 +139,12 @@ impl Db {
         args: &[String],
         mesh: Option<&str>,
         limits: &Limits,
+        grants: &Grants,
     ) -> Result<u64> {
         let conn = self.conn();
         conn.prepare_cached(
-            "INSERT INTO jobs (component, args, mesh, limits, status, created_at_ms)
-             VALUES (?1, ?2, ?3, ?4, 'queued', ?5)",
+            "INSERT INTO jobs (component, args, mesh, limits, status, created_at_ms, grants)
+             VALUES (?1, ?2, ?3, ?4, 'queued', ?5, ?6)",
         )
         .and_then(|mut s| {
             s.execute(params![
@@ -145,7 +152,8 @@ impl Db {
                 serde_json::to_string(args).unwrap_or_default(),
                 mesh,
                 serde_json::to_string(limits).unwrap_or_default(),
-                now_ms()
+                now_ms(),
+                serde_json::to_string(grants).unwrap_or_default(),
             ])
         })
         .map_err(db_err)?;
@@ -216,8 +224,44 @@ impl Db {
     }
 }
 
+/// The schema changes since the first version, in order: the database's
+/// `user_version` is how many it has had.
+const MIGRATIONS: &[&str] = &[
+    // 1: what a job was granted, as the JSON of `engine::Grants`; null for
+    // the jobs of older servers, which were granted nothing.
+    "ALTER TABLE jobs ADD COLUMN grants TEXT",
+];
+
+/// Applies the migrations a database has not had, each with its version
+/// bump in one transaction.
+fn migrate(conn: &Connection) -> Result<()> {
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .map_err(db_err)?;
+    let known = MIGRATIONS.len() as i64;
+    if version > known {
+        return Err(format!(
+            "the database has schema version {version}, newer than this server's {known}: it was written by a newer monarch-host; run that one, or start with another --data"
+        ));
+    }
+    for (at, migration) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        conn.execute_batch(&format!(
+            "BEGIN; {migration}; PRAGMA user_version = {}; COMMIT;",
+            at + 1
+        ))
+        .map_err(|e| {
+            let _ = conn.execute_batch("ROLLBACK");
+            format!(
+                "cannot update the database to schema version {}: {e}",
+                at + 1
+            )
+        })?;
+    }
+    Ok(())
+}
+
 const JOB_COLUMNS: &str = "SELECT id, component, args, mesh, limits, status, error,
-    created_at_ms, started_at_ms, finished_at_ms FROM jobs";
+    created_at_ms, started_at_ms, finished_at_ms, grants FROM jobs";
 
 fn component_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ComponentInfo> {
     Ok(ComponentInfo {
@@ -232,12 +276,25 @@ fn job_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<JobInfo> {
     let args: String = row.get(2)?;
     let limits: String = row.get(4)?;
     let status: String = row.get(5)?;
+    let grants: Grants = row
+        .get::<_, Option<String>>(10)?
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or_default();
     Ok(JobInfo {
         id: row.get::<_, i64>(0)? as u64,
         component: row.get(1)?,
         args: serde_json::from_str(&args).unwrap_or_default(),
         mesh: row.get(3)?,
         limits: serde_json::from_str(&limits).unwrap_or_default(),
+        dirs: grants
+            .dirs
+            .iter()
+            .map(|d| {
+                let mode = if d.writable { "rw" } else { "ro" };
+                format!("{}::{}:{mode}", d.host.display(), d.guest)
+            })
+            .collect(),
+        env: grants.env.into_iter().map(|(key, _)| key).collect(),
         status: JobStatus::parse(&status).unwrap_or(JobStatus::Failed),
         error: row.get(6)?,
         created_at_ms: row.get(7)?,
@@ -257,10 +314,13 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("state.db");
         let limits = Limits::default();
+        let none = Grants::default();
         {
             let (db, interrupted) = Db::open(&path).unwrap();
             assert_eq!(interrupted, 0);
-            let done = db.insert_job("c", &["a".into()], None, &limits).unwrap();
+            let done = db
+                .insert_job("c", &["a".into()], None, &limits, &none)
+                .unwrap();
             assert!(db.start_job(done).unwrap());
             assert!(db.finish_job(done, JobStatus::Succeeded, None).unwrap());
             // A final status is final.
@@ -268,9 +328,9 @@ mod tests {
                 !db.finish_job(done, JobStatus::Failed, Some("late"))
                     .unwrap()
             );
-            let running = db.insert_job("c", &[], Some("m"), &limits).unwrap();
+            let running = db.insert_job("c", &[], Some("m"), &limits, &none).unwrap();
             assert!(db.start_job(running).unwrap());
-            let queued = db.insert_job("c", &[], None, &limits).unwrap();
+            let queued = db.insert_job("c", &[], None, &limits, &none).unwrap();
             assert_eq!(queued, running + 1);
         }
         let (db, interrupted) = Db::open(&path).unwrap();
@@ -285,8 +345,88 @@ mod tests {
         }
         assert_eq!(jobs[1].mesh.as_deref(), Some("m"));
         // Ids keep counting after a restart.
-        let next = db.insert_job("c", &[], None, &limits).unwrap();
+        let next = db.insert_job("c", &[], None, &limits, &none).unwrap();
         assert_eq!(next, jobs[0].id + 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A database as the server before grants wrote it: the first schema,
+    /// `user_version` 0, one finished job.
+    fn old_database(path: &Path) {
+        let conn = Connection::open(path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE components (
+                 id TEXT PRIMARY KEY, size INTEGER NOT NULL, world TEXT NOT NULL,
+                 uploaded_at_ms INTEGER NOT NULL);
+             CREATE TABLE jobs (
+                 id INTEGER PRIMARY KEY AUTOINCREMENT, component TEXT NOT NULL,
+                 args TEXT NOT NULL, mesh TEXT, limits TEXT NOT NULL, status TEXT NOT NULL,
+                 error TEXT, created_at_ms INTEGER NOT NULL, started_at_ms INTEGER,
+                 finished_at_ms INTEGER);
+             INSERT INTO jobs (component, args, mesh, limits, status, created_at_ms)
+             VALUES ('c', '[\"x\"]', NULL,
+                     '{\"memory_mib\":256,\"timeout_s\":300,\"call_timeout_s\":60,\"procs\":64}',
+                     'succeeded', 1);",
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn an_old_database_opens_and_its_jobs_keep_their_history() {
+        let dir = std::env::temp_dir().join(format!("monarch-db-migrate-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.db");
+        old_database(&path);
+        let grants = Grants {
+            dirs: vec![crate::engine::DirGrant {
+                host: dir.clone(),
+                guest: "/data".into(),
+                writable: false,
+            }],
+            env: vec![("GREETING".into(), "hi".into())],
+        };
+        let limits = Limits {
+            handler_timeout_s: Some(1.5),
+            ..Limits::default()
+        };
+        let new = {
+            let (db, interrupted) = Db::open(&path).unwrap();
+            assert_eq!(interrupted, 0);
+            let old = db.job(1).unwrap().unwrap();
+            assert_eq!(old.status, JobStatus::Succeeded);
+            assert_eq!(old.args, vec!["x".to_string()]);
+            assert_eq!(old.limits, Limits::default());
+            assert!(old.dirs.is_empty() && old.env.is_empty());
+            db.insert_job("c", &[], None, &limits, &grants).unwrap()
+        };
+        // Opening again migrates nothing more and keeps what was written.
+        let (db, _) = Db::open(&path).unwrap();
+        let job = db.job(new).unwrap().unwrap();
+        assert_eq!(job.limits.handler_timeout_s, Some(1.5));
+        assert_eq!(job.dirs, vec![format!("{}::/data:ro", dir.display())]);
+        assert_eq!(job.env, vec!["GREETING".to_string()]);
+        let version: i64 = db
+            .conn()
+            .query_row("PRAGMA user_version", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(version, MIGRATIONS.len() as i64);
+        drop(db);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_database_of_a_newer_server_is_refused_with_a_reason() {
+        let dir = std::env::temp_dir().join(format!("monarch-db-newer-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.db");
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch("PRAGMA user_version = 99")
+            .unwrap();
+        let error = Db::open(&path).err().unwrap();
+        assert!(error.contains("newer monarch-host"), "{error}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

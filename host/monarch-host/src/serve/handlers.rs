@@ -25,7 +25,7 @@ use super::api::*;
 use super::jobs::{self, Target};
 use super::meshes::validate_mesh_name;
 use super::{State, db};
-use crate::engine::LoadError;
+use crate::engine::{DirGrant, Grants, LoadError, parse_env};
 use crate::run::{Prepared, RunError};
 
 /// The largest JSON body a route takes.
@@ -421,7 +421,26 @@ fn limits(state: &State, asked: Option<PartialLimits>, procs: Option<u32>) -> Re
         timeout_s: asked.timeout_s.unwrap_or(default.timeout_s),
         call_timeout_s: asked.call_timeout_s.unwrap_or(default.call_timeout_s),
         procs: procs.or(asked.procs).unwrap_or(default.procs),
+        handler_timeout_s: asked.handler_timeout_s.or(default.handler_timeout_s),
     };
+    if let Some(seconds) = limits.handler_timeout_s {
+        // JSON has no NaN or infinity, but a caller of the library might.
+        if !(seconds > 0.0 && seconds.is_finite()) {
+            return Err(fail(
+                StatusCode::BAD_REQUEST,
+                format!("limits.handler_timeout_s is {seconds}: give more than 0 seconds"),
+            ));
+        }
+        if seconds > max.timeout_s as f64 {
+            return Err(fail(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "limits.handler_timeout_s is {seconds}, over this server's cap of {} (--max-timeout)",
+                    max.timeout_s
+                ),
+            ));
+        }
+    }
     check(
         "memory_mib",
         "--max-memory-mib",
@@ -449,6 +468,67 @@ fn limits(state: &State, asked: Option<PartialLimits>, procs: Option<u32>) -> Re
     Ok(limits)
 }
 
+/// The most directories, and the most environment variables, a job may be
+/// granted.
+const MAX_GRANTS: usize = 256;
+
+/// What a job asks to be granted, checked: each directory is inside one of
+/// `allowed` (resolved, so that neither `..` nor a symlink leads out), each
+/// variable is `KEY=VALUE`. The error names the entry at fault.
+fn grants(
+    allowed: &[std::path::PathBuf],
+    dirs: &[String],
+    env: &[String],
+) -> Result<Grants, String> {
+    if dirs.len() > MAX_GRANTS || env.len() > MAX_GRANTS {
+        return Err(format!(
+            "at most {MAX_GRANTS} dirs and {MAX_GRANTS} env entries"
+        ));
+    }
+    let dirs = dirs
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| {
+            grant_dir(allowed, spec)
+                .map_err(|e| format!("dirs[{i}] `{}`: {e}", spec.escape_debug()))
+        })
+        .collect::<Result<_, _>>()?;
+    let env = env
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| parse_env(spec).map_err(|e| format!("env[{i}]: {e}")))
+        .collect::<Result<_, _>>()?;
+    Ok(Grants { dirs, env })
+}
+
+/// One directory a job asks for, `HOST[::GUEST][:ro|:rw]`, if `HOST` is
+/// inside one of `allowed` (which are resolved already).
+fn grant_dir(allowed: &[std::path::PathBuf], spec: &str) -> Result<DirGrant, String> {
+    if allowed.is_empty() {
+        return Err(
+            "this server grants no directories; its admin can allow some with `serve --allow-dir DIR`"
+                .into(),
+        );
+    }
+    // HOST comes first in the spec: a relative one would be resolved
+    // against the server's working directory, which no client knows.
+    if !spec.starts_with('/') {
+        return Err("HOST must be an absolute path on the server's machine".into());
+    }
+    let grant: DirGrant = spec.parse()?;
+    // Both sides are resolved, so comparing whole components is enough:
+    // `/srv/data-other` is not inside `/srv/data`.
+    if !allowed.iter().any(|dir| grant.host.starts_with(dir)) {
+        let allowed: Vec<String> = allowed.iter().map(|d| d.display().to_string()).collect();
+        return Err(format!(
+            "{} is not inside a directory this server allows ({})",
+            grant.host.display(),
+            allowed.join(", ")
+        ));
+    }
+    Ok(grant)
+}
+
 /// Submits a job.
 #[utoipa::path(
     post,
@@ -456,7 +536,7 @@ fn limits(state: &State, asked: Option<PartialLimits>, procs: Option<u32>) -> Re
     request_body = JobRequest,
     responses(
         (status = 201, description = "Queued", body = Created),
-        (status = 400, description = "A bad request or limits over the server's caps", body = ApiError),
+        (status = 400, description = "A bad request, limits over the server's caps, a directory outside the allowed ones or missing, a malformed env entry", body = ApiError),
         (status = 404, description = "No such component or mesh", body = ApiError)
     )
 )]
@@ -506,15 +586,26 @@ async fn submit(With(state): With<Arc<State>>, body: Bytes) -> Answer<Created> {
         }
     };
     let limits = limits(&state, request.limits, procs)?;
+    let grants = grants(&state.config.allowed_dirs, &request.dirs, &request.env)
+        .map_err(|e| fail(StatusCode::BAD_REQUEST, e))?;
     let mesh = match &target {
         Target::Persistent(name) => Some(name.as_str()),
         Target::Fresh => None,
     };
     let id = state
         .db
-        .insert_job(&request.component, &request.args, mesh, &limits)
+        .insert_job(&request.component, &request.args, mesh, &limits, &grants)
         .map_err(internal)?;
-    if let Err(e) = jobs::start(&state, id, request.component, request.args, limits, target) {
+    let started = jobs::start(
+        &state,
+        id,
+        request.component,
+        request.args,
+        limits,
+        grants,
+        target,
+    );
+    if let Err(e) = started {
         let _ = state.db.finish_job(id, JobStatus::Failed, Some(&e));
         return Err(internal(e));
     }
@@ -851,4 +942,126 @@ async fn metrics(With(state): With<Arc<State>>) -> Response {
         );
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scratch directory with an allowed directory `allowed/` (holding
+    /// `data/` and a symlink `out` to `outside/`), and `outside/`.
+    struct Dirs(std::path::PathBuf);
+
+    impl Dirs {
+        fn new(name: &str) -> Dirs {
+            let root =
+                std::env::temp_dir().join(format!("monarch-grants-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&root);
+            std::fs::create_dir_all(root.join("allowed/data")).unwrap();
+            std::fs::create_dir_all(root.join("outside")).unwrap();
+            std::fs::create_dir_all(root.join("allowed-not")).unwrap();
+            std::os::unix::fs::symlink(root.join("outside"), root.join("allowed/out")).unwrap();
+            Dirs(std::fs::canonicalize(&root).unwrap())
+        }
+
+        fn path(&self, rest: &str) -> String {
+            format!("{}/{rest}", self.0.display())
+        }
+
+        fn allowed(&self) -> Vec<std::path::PathBuf> {
+            vec![self.0.join("allowed")]
+        }
+    }
+
+    impl Drop for Dirs {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn the_openapi_document_shows_what_a_job_may_be_granted() {
+        let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        let schemas = &doc["components"]["schemas"];
+        for field in ["dirs", "env"] {
+            assert!(
+                schemas["JobRequest"]["properties"].get(field).is_some(),
+                "{field}"
+            );
+            assert!(
+                schemas["JobInfo"]["properties"].get(field).is_some(),
+                "{field}"
+            );
+        }
+        for schema in ["PartialLimits", "Limits"] {
+            assert!(
+                schemas[schema]["properties"]
+                    .get("handler_timeout_s")
+                    .is_some(),
+                "{schema}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_directory_inside_an_allowed_one_is_granted_as_asked() {
+        let dirs = Dirs::new("inside");
+        let grant = grant_dir(
+            &dirs.allowed(),
+            &format!("{}::/data:rw", dirs.path("allowed/data")),
+        )
+        .unwrap();
+        assert_eq!(grant.host, dirs.0.join("allowed/data"));
+        assert_eq!(grant.guest, "/data");
+        assert!(grant.writable);
+        let grant = grant_dir(&dirs.allowed(), &dirs.path("allowed")).unwrap();
+        assert_eq!(grant.guest, dirs.path("allowed"));
+        assert!(!grant.writable);
+    }
+
+    #[test]
+    fn neither_dot_dot_nor_a_symlink_nor_a_shared_prefix_leads_out() {
+        let dirs = Dirs::new("escape");
+        for spec in [
+            dirs.path("allowed/../outside"),
+            dirs.path("allowed/data/../../outside::/data"),
+            dirs.path("allowed/out::/data:ro"),
+            dirs.path("allowed-not"),
+            "/".to_string(),
+        ] {
+            let error = grant_dir(&dirs.allowed(), &spec).unwrap_err();
+            assert!(
+                error.contains("is not inside a directory this server allows"),
+                "{spec}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn missing_relative_and_unallowed_directories_are_refused_with_a_reason() {
+        let dirs = Dirs::new("refused");
+        let error = grant_dir(&dirs.allowed(), &dirs.path("allowed/nope")).unwrap_err();
+        assert!(error.contains("cannot grant the directory"), "{error}");
+        let error = grant_dir(&dirs.allowed(), "allowed/data").unwrap_err();
+        assert!(error.contains("absolute"), "{error}");
+        let error = grant_dir(&[], &dirs.path("allowed/data")).unwrap_err();
+        assert!(error.contains("--allow-dir"), "{error}");
+    }
+
+    #[test]
+    fn a_refused_grant_names_its_entry() {
+        let dirs = Dirs::new("names");
+        let good = dirs.path("allowed/data");
+        let bad = dirs.path("outside");
+        let error = grants(&dirs.allowed(), &[good.clone(), bad.clone()], &[]).unwrap_err();
+        assert!(error.starts_with(&format!("dirs[1] `{bad}`")), "{error}");
+        let error =
+            grants(&dirs.allowed(), &[good], &["A=1".into(), "NOEQUALS".into()]).unwrap_err();
+        assert!(
+            error.contains("env[1]") && error.contains("NOEQUALS"),
+            "{error}"
+        );
+        let granted = grants(&dirs.allowed(), &[], &["A=1=2".into()]).unwrap();
+        assert_eq!(granted.env, vec![("A".to_string(), "1=2".to_string())]);
+    }
 }

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use super::State;
 use super::api::{JobStatus, Limits};
 use super::meshes::MeshView;
-use crate::engine::{Placement, Sandbox};
+use crate::engine::{Grants, Placement, Sandbox};
 use crate::host::{AttachedProcs, LogSink};
 use crate::run::{Mesh, RunError};
 
@@ -127,13 +127,15 @@ pub(crate) enum Target {
     Persistent(String),
 }
 
-/// Queues job `id` and starts its task.
+/// Queues job `id` and starts its task; `grants` were checked against the
+/// server's allowed directories at submission.
 pub(crate) fn start(
     state: &Arc<State>,
     id: u64,
     component: String,
     args: Vec<String>,
     limits: Limits,
+    grants: Grants,
     target: Target,
 ) -> Result<(), String> {
     let log = JobLog::create(state.log_path(id), state.config.max_log_bytes)?;
@@ -156,6 +158,7 @@ pub(crate) fn start(
                     &component,
                     &args,
                     limits,
+                    grants,
                     target,
                     &log,
                     &mut cancelled,
@@ -197,6 +200,28 @@ fn finish(state: &State, id: u64, log: &JobLog, status: JobStatus, error: Option
     log.finish();
 }
 
+/// Checks, as a queued job starts, that each directory it was granted is
+/// still the one checked at submission: one removed, or replaced by a
+/// symlink that leads elsewhere, fails the job rather than being left out
+/// or followed.
+fn recheck(grants: &Grants) -> Result<(), String> {
+    for dir in &grants.dirs {
+        let now = std::fs::canonicalize(&dir.host).map_err(|e| {
+            format!(
+                "the granted directory {} is gone since the job was submitted: {e}",
+                dir.host.display()
+            )
+        })?;
+        if now != dir.host || !now.is_dir() {
+            return Err(format!(
+                "the granted directory {} was replaced since the job was submitted",
+                dir.host.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn run(
     state: &Arc<State>,
@@ -204,6 +229,7 @@ async fn run(
     component: &str,
     args: &[String],
     limits: Limits,
+    grants: Grants,
     target: Target,
     log: &Arc<JobLog>,
     cancelled: &mut watch::Receiver<Option<String>>,
@@ -229,6 +255,9 @@ async fn run(
         Ok(false) => return (JobStatus::Cancelled, Some(cancel_reason(cancelled))),
         Err(e) => return (JobStatus::Failed, Some(e)),
     }
+    if let Err(e) = recheck(&grants) {
+        return (JobStatus::Failed, Some(e));
+    }
     let prepared = match state.prepared(component).await {
         Ok(prepared) => prepared,
         Err(e) => return (JobStatus::Failed, Some(e)),
@@ -242,6 +271,11 @@ async fn run(
             program: state.config.bootstrap.clone(),
         },
         fanout: state.config.fanout,
+        handler_timeout: limits
+            .handler_timeout_s
+            .and_then(|s| Duration::try_from_secs_f64(s).ok())
+            .map(|d| d.max(Duration::from_millis(1))),
+        grants,
     };
     let (mesh, view, fresh) = match &target {
         Target::Persistent(name) => {
@@ -303,5 +337,32 @@ async fn run(
         Ok(()) => (JobStatus::Succeeded, None),
         Err(RunError::Cancelled(reason)) => (JobStatus::Cancelled, Some(reason)),
         Err(e) => (JobStatus::Failed, Some(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::DirGrant;
+
+    #[test]
+    fn a_granted_directory_removed_or_replaced_while_queued_fails_the_job() {
+        let root = std::env::temp_dir().join(format!("monarch-recheck-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("data")).unwrap();
+        std::fs::create_dir_all(root.join("elsewhere")).unwrap();
+        let spec = format!("{}::/data", root.join("data").display());
+        let grants = Grants {
+            dirs: vec![spec.parse::<DirGrant>().unwrap()],
+            env: Vec::new(),
+        };
+        recheck(&grants).unwrap();
+        std::fs::remove_dir(root.join("data")).unwrap();
+        let error = recheck(&grants).unwrap_err();
+        assert!(error.contains("is gone"), "{error}");
+        std::os::unix::fs::symlink(root.join("elsewhere"), root.join("data")).unwrap();
+        let error = recheck(&grants).unwrap_err();
+        assert!(error.contains("was replaced"), "{error}");
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }

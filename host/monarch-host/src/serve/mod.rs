@@ -6,6 +6,10 @@
 //! - [`db`]: components and jobs in SQLite; a restart fails what was running.
 //! - [`jobs`]: the queue, one task per job, log files that streams follow.
 //! - [`meshes`]: persistent meshes and the server's view of every mesh.
+//!
+//! A job may be granted directories only inside the admin's `--allow-dir`s
+//! ([`ServeConfig::allowed_dirs`]), checked at submission in `handlers`
+//! and again as it starts in `jobs`.
 
 pub mod api;
 pub mod client;
@@ -63,6 +67,10 @@ pub struct ServeConfig {
     pub fanout: u32,
     /// Persistent meshes to start with.
     pub meshes: Vec<(String, u32)>,
+    /// The directories whose contents jobs may be granted (`--allow-dir`);
+    /// none: no job is granted a directory. [`Server::start`] resolves
+    /// them and refuses one that is not a directory.
+    pub allowed_dirs: Vec<PathBuf>,
 }
 
 impl ServeConfig {
@@ -81,6 +89,7 @@ impl ServeConfig {
                 timeout_s: 24 * 3600,
                 call_timeout_s: 3600,
                 procs: 256,
+                handler_timeout_s: None,
             },
             max_running_jobs: 16,
             compile_concurrency: std::thread::available_parallelism()
@@ -88,6 +97,7 @@ impl ServeConfig {
                 .unwrap_or(2),
             fanout: crate::host::FANOUT,
             meshes: Vec::new(),
+            allowed_dirs: Vec::new(),
         }
     }
 }
@@ -287,6 +297,20 @@ fn job_of_line(line: &str) -> Option<u64> {
     rest[..digits].parse().ok()
 }
 
+/// An `--allow-dir`, resolved: absolute, without `..` or symlinks, so that
+/// a granted path can be checked against it by its components.
+fn allowed_dir(dir: &std::path::Path) -> Result<PathBuf, String> {
+    let canonical =
+        std::fs::canonicalize(dir).map_err(|e| format!("--allow-dir {}: {e}", dir.display()))?;
+    if !canonical.is_dir() {
+        return Err(format!(
+            "--allow-dir {}: not a directory; name the directory whose contents jobs may be granted",
+            dir.display()
+        ));
+    }
+    Ok(canonical)
+}
+
 /// A running server.
 pub struct Server {
     addr: SocketAddr,
@@ -298,7 +322,7 @@ pub struct Server {
 impl Server {
     /// Opens the data directory, starts the configured meshes, and
     /// listens. Refuses a non-loopback address without a token.
-    pub async fn start(config: ServeConfig) -> Result<Server, String> {
+    pub async fn start(mut config: ServeConfig) -> Result<Server, String> {
         if config.token.is_none() && !config.listen.ip().is_loopback() {
             return Err(format!(
                 "refusing to serve on {} without a token: anyone who reaches it could run code here. Pass --token-file, or listen on 127.0.0.1",
@@ -311,6 +335,11 @@ impl Server {
             }
             None => None,
         };
+        config.allowed_dirs = config
+            .allowed_dirs
+            .iter()
+            .map(|dir| allowed_dir(dir))
+            .collect::<Result<_, _>>()?;
         for dir in ["components", "logs", "uploads"] {
             let dir = config.data.join(dir);
             std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;

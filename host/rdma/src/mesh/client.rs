@@ -648,7 +648,9 @@ impl RdmaMesh {
                     what: what(),
                     after: timeout,
                 },
-                RankError::Failed(reason) => shared
+                RankError::Failed(reason)
+                | RankError::Stopped(reason)
+                | RankError::Lost(reason) => shared
                     .down(rank)
                     .unwrap_or(RdmaMeshError::ActorFailed { rank, reason }),
             }),

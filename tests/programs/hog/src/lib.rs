@@ -4,8 +4,9 @@
 //! - `hog`: the controller allocates. The run must fail with an error, and
 //!   the host must not crash.
 //! - `hog actor`: a `Hog` actor allocates inside its `eat` endpoint. The
-//!   actor fails, the controller's call ends with a supervision error, and
-//!   the controller returns Ok.
+//!   actor fails, the controller's call ends with the error of a failed
+//!   actor (kind `out-of-memory`, from a host that tells it from a trap),
+//!   and the controller returns Ok.
 
 use monarch_guest::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -47,13 +48,13 @@ impl Actor for Hog {
 }
 
 impl Handler<Ping> for Hog {
-    async fn handle(&mut self, _cx: &Context, _: Ping) -> Result<(), String> {
+    async fn handle(&mut self, _cx: &Context, _: Ping) -> Result<(), EndpointError> {
         Ok(())
     }
 }
 
 impl Handler<Eat> for Hog {
-    async fn handle(&mut self, cx: &Context, _: Eat) -> Result<(), String> {
+    async fn handle(&mut self, cx: &Context, _: Eat) -> Result<(), EndpointError> {
         eat(&format!("hog {}", cx.rank()))
     }
 }
@@ -78,12 +79,12 @@ async fn main(args: Vec<String>) -> Result<(), String> {
             let procs = spawn_procs(&extent!(procs = 1))?;
             let hogs = procs.spawn::<Hog>("hogs", &())?;
             match hogs.call_one(&Eat).await {
-                Err(CallError::Supervision(failure)) => {
+                Err(failure) if failure.kind().is_failure() => {
                     info!("the hog failed: {failure}");
                     procs.stop();
                     Ok(())
                 }
-                other => Err(format!("expected a supervision error, got {other:?}")),
+                other => Err(format!("expected the hog to fail, got {other:?}")),
             }
         }
         // A failure nobody handles ends the run: crash a hog without a

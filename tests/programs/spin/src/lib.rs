@@ -37,7 +37,7 @@ impl Actor for Spinner {
 }
 
 impl Handler<Spin> for Spinner {
-    async fn handle(&mut self, cx: &Context, _: Spin) -> Result<(), String> {
+    async fn handle(&mut self, cx: &Context, _: Spin) -> Result<(), EndpointError> {
         info!("spinner {} starts spinning", cx.rank());
         spin_forever()
     }
@@ -59,10 +59,11 @@ async fn main(args: Vec<String>) -> Result<(), String> {
         Some("actor") => {
             let procs = spawn_procs(&extent!(procs = 1))?;
             let spinners = procs.spawn::<Spinner>("spinners", &())?;
-            monarch_guest::set_call_timeout(Duration::from_millis(500));
+            let timeout = Duration::from_millis(500);
+            monarch_guest::set_call_timeout(timeout);
             match spinners.call_one(&Spin).await {
-                Err(CallError::Timeout(after)) => {
-                    info!("the call to the spinner timed out after {after:?}");
+                Err(e) if e.kind() == ErrorKind::Timeout => {
+                    info!("the call to the spinner timed out after {timeout:?}: {e}");
                     Ok(())
                 }
                 other => Err(format!("expected the call to time out, got {other:?}")),

@@ -8,7 +8,9 @@ wit_bindgen::generate!({
     world: "actor",
 });
 
-use exports::monarch::host::actor_class::{Extent, Guest, Payload, SupervisionFailure};
+use exports::monarch::host::actor_class::{
+    EndpointError, Extent, Guest, Payload, SupervisionFailure,
+};
 
 struct ActorOnly;
 
@@ -17,8 +19,12 @@ impl Guest for ActorOnly {
         Ok(())
     }
 
-    fn handle(endpoint: String, _message: Payload) -> Result<Payload, String> {
-        Err(format!("no endpoint `{endpoint}`"))
+    fn handle(endpoint: String, _message: Payload) -> Result<Payload, EndpointError> {
+        Err(EndpointError {
+            message: format!("no endpoint `{endpoint}`"),
+            type_name: None,
+            backtrace: None,
+        })
     }
 
     fn supervise(_failure: SupervisionFailure) -> bool {
