@@ -595,6 +595,21 @@ fn semantics() {
     stopped.assert_logged("stopped-procs kind=stopped");
 }
 
+/// tree: actors that own meshes, with every proc inside this process
+/// (`tests/supervision.rs` runs the tree across processes): a leaf's trap
+/// is handled by its owner, or climbs to the controller as a supervision
+/// failure.
+#[test]
+fn tree() {
+    let handled = run(Path::new(env!("GUEST_TREE")), &["handled"], sandbox());
+    handled.assert_ok();
+    handled.assert_logged("[controller] failures=0");
+    handled.assert_logged("[controller] handled 0,1");
+    let unhandled = run(Path::new(env!("GUEST_TREE")), &["unhandled"], sandbox());
+    unhandled.assert_ok();
+    unhandled.assert_logged("[controller] failure mesh=level1 rank=0 kind=supervision");
+}
+
 /// `monarch-host run` places procs in child processes: every example runs
 /// to the end across them, and the procs start as processes of their own.
 #[test]

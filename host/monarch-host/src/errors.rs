@@ -25,6 +25,21 @@ pub(crate) fn wit_kind(kind: FaultKind) -> ErrorKind {
     }
 }
 
+/// The kind's name as the WIT spells it (`proc-lost`).
+pub(crate) fn kind_name(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::Endpoint => "endpoint",
+        ErrorKind::Trap => "trap",
+        ErrorKind::Deadline => "deadline",
+        ErrorKind::OutOfMemory => "out-of-memory",
+        ErrorKind::ProcLost => "proc-lost",
+        ErrorKind::Stopped => "stopped",
+        ErrorKind::Timeout => "timeout",
+        ErrorKind::Invalid => "invalid",
+        ErrorKind::Supervision => "supervision",
+    }
+}
+
 /// A request refused before anything was sent.
 pub(crate) fn invalid(message: impl Into<String>) -> CallError {
     CallError {

@@ -25,7 +25,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use crate::bindings::monarch::host::{logging, mesh, types};
 use crate::bindings::{
     CallError, Dim, ErrorKind, Event, EventKind, ProcInfo, ProcState, ProgramPre, Reducer, Reply,
-    SliceDim, SpawnOptions, ValueMesh,
+    SliceDim, SpawnOptions, SupervisionFailure, ValueMesh,
 };
 use crate::engine::Sandbox;
 use crate::errors;
@@ -38,6 +38,9 @@ mod data_plane;
 
 /// Where log lines of guests go.
 pub type LogSink = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// What an actor does once it has a mesh client of its own.
+pub(crate) type ClientHook = Box<dyn Fn(&Arc<MeshClient>) + Send + Sync>;
 
 /// Raised when an instance's actor is stopped: the guest is interrupted at
 /// once, wherever it is (running, or waiting in any host call), so a stop
@@ -93,6 +96,9 @@ pub struct Cluster {
     pub(crate) program: ProgramBytes,
     client: std::sync::OnceLock<Arc<MeshClient>>,
     pub(crate) job: JobHooks,
+    /// An actor's cluster: it starts a mesh client of its own on the
+    /// actor's first `spawn-procs` (AO-1).
+    actor_owned: bool,
 }
 
 /// Hears what a job's controller spawns and stops, for the server's view
@@ -130,15 +136,21 @@ pub(crate) struct JobHooks {
 }
 
 impl Cluster {
-    /// A cluster of a plain run (or of actors on a proc).
-    pub(crate) fn new(
+    /// The cluster of one actor: what it spawns runs where
+    /// `sandbox.placement` says (procs inside this process, or child
+    /// processes of it) and is owned by the actor (AO-1).
+    pub(crate) fn for_actor(
         engine: Engine,
         pre: Option<ProgramPre<HostState>>,
         sandbox: Sandbox,
         log: LogSink,
         program: ProgramBytes,
     ) -> Arc<Self> {
-        Self::for_job(engine, pre, sandbox, log, program, JobHooks::default())
+        let mut cluster = Self::for_job(engine, pre, sandbox, log, program, JobHooks::default());
+        if let Some(cluster) = Arc::get_mut(&mut cluster) {
+            cluster.actor_owned = true;
+        }
+        cluster
     }
 
     /// A cluster for a job of the server.
@@ -160,7 +172,25 @@ impl Cluster {
             program,
             client: std::sync::OnceLock::new(),
             job,
+            actor_owned: false,
         })
+    }
+
+    /// The mesh client that starts this instance's procs: the
+    /// controller's, set by its run; for an actor, one started now on its
+    /// first spawn (AO-1). True when it was started by this call.
+    async fn client_for_spawn(self: &Arc<Self>) -> Result<(Arc<MeshClient>, bool), String> {
+        if let Some(client) = self.client.get() {
+            return Ok((client.clone(), false));
+        }
+        if !self.actor_owned {
+            return Err("this instance has no mesh client to start procs".into());
+        }
+        // One actor handles one message at a time, so nothing races here.
+        let client =
+            crate::run::start_client(self, &self.sandbox.placement, self.log.clone()).await?;
+        let _ = self.client.set(client.clone());
+        Ok((client, true))
     }
 
     /// Gives the cluster the mesh client that starts its procs.
@@ -171,7 +201,7 @@ impl Cluster {
     pub(crate) fn client(&self) -> Result<&Arc<MeshClient>, String> {
         self.client
             .get()
-            .ok_or_else(|| "only the controller spawns procs and actor meshes".to_string())
+            .ok_or_else(|| "this instance has spawned no procs".to_string())
     }
 
     async fn spawn_procs(&self, count: usize) -> Result<Vec<ProcId>, String> {
@@ -315,6 +345,12 @@ pub struct HostState {
     /// Raised when the instance's actor is stopped: the guest traps at its
     /// next epoch tick or wait, even if it would never return.
     pub(crate) interrupt: Arc<Interrupt>,
+    /// An actor's failures of the meshes it owns go to its `supervise`
+    /// export (AO-2), not to `next-events`: here until the host calls it.
+    pub(crate) unsupervised: Option<VecDeque<SupervisionFailure>>,
+    /// Called once the instance has a mesh client of its own (an actor's
+    /// first spawn), so that its actor hears of failures while idle.
+    pub(crate) on_client: Option<ClientHook>,
 }
 
 impl WasiView for HostState {
@@ -405,6 +441,8 @@ impl HostState {
             completed,
             rdma: Default::default(),
             interrupt: Arc::default(),
+            unsupervised: None,
+            on_client: None,
         }
     }
 
@@ -587,10 +625,20 @@ impl HostState {
             }
             state.failed.insert(rank, failure.clone());
         }
-        self.ready.push_back(Event {
-            id: 0,
-            kind: EventKind::Failure(failure),
-        });
+        match &mut self.unsupervised {
+            Some(queue) => queue.push_back(failure),
+            None => self.ready.push_back(Event {
+                id: 0,
+                kind: EventKind::Failure(failure),
+            }),
+        }
+    }
+
+    /// Takes what happened to the meshes this instance owns so far; for an
+    /// actor, returns the next failure its `supervise` has not seen.
+    pub(crate) fn next_unsupervised(&mut self) -> Option<SupervisionFailure> {
+        self.drain_mesh_events();
+        self.unsupervised.as_mut()?.pop_front()
     }
 
     fn drain_mesh_events(&mut self) {
@@ -654,6 +702,17 @@ impl mesh::Host for HostState {
     ) -> wasmtime::Result<Result<Resource<ProcMeshHandle>, String>> {
         if let Err(e) = validate_extent(&extent) {
             return Ok(Err(e));
+        }
+        match Cluster::client_for_spawn(&self.cluster).await {
+            Ok((client, true)) => {
+                // An actor's own client: it hears of what it spawns.
+                self.watch(client.subscribe());
+                if let Some(hook) = &self.on_client {
+                    hook(&client);
+                }
+            }
+            Ok((_, false)) => {}
+            Err(e) => return Ok(Err(e)),
         }
         let procs = match self.cluster.spawn_procs(extent_size(&extent)).await {
             Ok(procs) => procs,
@@ -978,6 +1037,7 @@ impl HostState {
                     .map(|t| t.as_millis().max(1) as u64)
             }),
             grants: self.cluster.sandbox.grants.clone(),
+            max_procs: self.cluster.sandbox.max_procs,
         };
         let dims: Vec<(String, u32)> = extent.iter().map(|d| (d.name.clone(), d.size)).collect();
         let timeout = self

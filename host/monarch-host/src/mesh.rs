@@ -200,6 +200,9 @@ pub struct WasmSpawnParams {
     /// What the run grants its guests.
     #[serde(default)]
     pub grants: crate::engine::Grants,
+    /// The most procs the actor may itself spawn.
+    #[serde(default)]
+    pub max_procs: usize,
 }
 
 impl WasmSpawnParams {

@@ -292,7 +292,7 @@ impl Prepared {
 
 /// The mesh client of a run: its allocator, and the controller's proc at
 /// an address its procs can reach.
-async fn start_client(
+pub(crate) async fn start_client(
     cluster: &Arc<Cluster>,
     placement: &Placement,
     log: LogSink,

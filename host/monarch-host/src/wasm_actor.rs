@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::anyhow;
+use hyperactor::message::handler_port;
 use hyperactor::{Actor, Context, Exports, Handler, Mailbox, PortRef};
 use hyperactor_mesh::agent::{MeshEvent, Registry, SpawnArgs, SpawnedActor, blob_path};
 use hyperactor_mesh::{Fault, FaultKind, MeshCall};
@@ -23,7 +24,7 @@ use tokio::sync::OnceCell;
 use wasmtime::Store;
 
 use crate::bindings::{Dim, Program, ProgramPre};
-use crate::engine::{self, Sandbox};
+use crate::engine::{self, Placement, Sandbox};
 use crate::host::{Cluster, HostState, Interrupt, LogSink, ProgramBytes, linker, new_store};
 use crate::mesh::{WASM_KIND, WasmSpawnParams};
 
@@ -40,6 +41,30 @@ pub struct WasmActor {
     handler_timeout: Option<Duration>,
     /// Raised by the proc's agent when it stops the actor (see `HostState`).
     interrupt: Arc<Interrupt>,
+    /// Tasks that wake the actor when a mesh it owns has news (AO-2);
+    /// they end with it.
+    watchers: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl Drop for WasmActor {
+    fn drop(&mut self) {
+        for watcher in self
+            .watchers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            watcher.abort();
+        }
+    }
+}
+
+/// Tells an actor that a mesh it owns has news (a failure), so that it
+/// takes it between messages even while no handler runs (AO-2).
+#[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct OwnedMeshNews {
+    /// Unused: the news itself waits in the actor's host state.
+    pub seq: u64,
 }
 
 /// How a guest export ended: returned, trapped, or was interrupted.
@@ -81,7 +106,7 @@ async fn race<T>(
 
 impl Actor for WasmActor {
     fn exports(exports: &mut Exports<Self>) {
-        exports.handle::<MeshCall>();
+        exports.handle::<MeshCall>().handle::<OwnedMeshNews>();
     }
 
     async fn init(&mut self, cx: &Context<Self>) -> anyhow::Result<()> {
@@ -90,6 +115,36 @@ impl Actor for WasmActor {
         let output = format!("[{} {}] ", self.mesh, self.rank);
         let mut state = HostState::new(self.cluster.clone(), &mailbox, who, Some(output));
         state.interrupt = self.interrupt.clone();
+        // What the actor spawns is its own: failures go to its `supervise`
+        // export, between messages (AO-2).
+        state.unsupervised = Some(Default::default());
+        let news: PortRef<OwnedMeshNews> =
+            PortRef::attest(cx.actor_id().port_id(handler_port::<OwnedMeshNews>()));
+        let watchers = self.watchers.clone();
+        let sender = mailbox.clone();
+        state.on_client = Some(Box::new(move |client| {
+            let mut events = client.subscribe();
+            let (news, sender) = (news.clone(), sender.clone());
+            let watcher = tokio::spawn(async move {
+                let mut seq = 0;
+                while let Some(event) = events.recv().await {
+                    match &event {
+                        MeshEvent::Log { .. } => continue,
+                        // This actor's casts to the lost proc fail at once.
+                        MeshEvent::ProcStopped { proc, reason } => {
+                            sender.proc().peer_ended(proc.addr(), reason);
+                        }
+                        MeshEvent::ActorFailed { .. } => {}
+                    }
+                    seq += 1;
+                    news.send(&sender, OwnedMeshNews { seq });
+                }
+            });
+            watchers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(watcher);
+        }));
         let mut store = new_store(&self.cluster, state);
         let pre = self
             .cluster
@@ -152,7 +207,7 @@ impl Handler<MeshCall> for WasmActor {
         match ended {
             Ended::Returned(Ok(reply)) => {
                 call.reply.send(cx, Ok(reply));
-                Ok(())
+                self.supervise_pending().await
             }
             Ended::Returned(Err(error)) => {
                 let fault = Fault {
@@ -164,7 +219,7 @@ impl Handler<MeshCall> for WasmActor {
                 };
                 call.reply.send(cx, Err(fault.encode()));
                 if !call.broadcast {
-                    return Ok(());
+                    return self.supervise_pending().await;
                 }
                 // Nobody waits for a broadcast's reply: as in Monarch, the
                 // error fails the actor, and its owner hears of it.
@@ -206,6 +261,60 @@ impl Handler<MeshCall> for WasmActor {
                 call.reply.send(cx, Err(fault.encode()));
                 Ok(())
             }
+        }
+    }
+}
+
+impl Handler<OwnedMeshNews> for WasmActor {
+    async fn handle(&mut self, _cx: &Context<Self>, _news: OwnedMeshNews) -> anyhow::Result<()> {
+        self.supervise_pending().await
+    }
+}
+
+impl WasmActor {
+    /// Offers each failure of the meshes this actor owns to its
+    /// `supervise` export (AO-2). One it does not handle (false, a trap, a
+    /// deadline) fails this actor with kind `supervision`, which goes on to
+    /// its own owner (AO-3).
+    async fn supervise_pending(&mut self) -> anyhow::Result<()> {
+        loop {
+            let Some((store, program)) = self.instance.as_mut() else {
+                return Ok(());
+            };
+            let Some(failure) = store.data_mut().next_unsupervised() else {
+                return Ok(());
+            };
+            let supervise = program
+                .monarch_host_actor_class()
+                .call_supervise(&mut *store, &failure);
+            let why = match race(supervise, self.handler_timeout, &self.interrupt).await {
+                Ended::Returned(true) => continue,
+                Ended::Returned(false) => "its `supervise` did not handle it".to_string(),
+                Ended::Trapped(trap) => format!("its `supervise` trapped: {}", trap_reason(&trap)),
+                Ended::Deadline(after) => format!(
+                    "its `supervise` ran past the handler deadline of {} ms",
+                    after.as_millis()
+                ),
+                Ended::Stopped => return Ok(()),
+            };
+            self.instance = None;
+            let endpoint = failure
+                .endpoint
+                .as_deref()
+                .map(|e| format!(" in `{e}`"))
+                .unwrap_or_default();
+            let mut fault = Fault::new(
+                FaultKind::Supervision,
+                format!(
+                    "{}[{}], which this actor owns, failed{endpoint} ({}: {}), and {why}",
+                    failure.mesh,
+                    failure.rank,
+                    crate::errors::kind_name(failure.kind),
+                    failure.reason
+                ),
+            );
+            fault.backtrace = failure.backtrace;
+            return Err(anyhow!(fault.encode()));
         }
     }
 }
@@ -268,6 +377,7 @@ type LogSinks = Arc<Mutex<HashMap<String, LogSink>>>;
 pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Registry {
     let programs: Programs = Arc::default();
     let compiled_here = known.is_some();
+    let in_process = known.is_some();
     let sinks: LogSinks = Arc::default();
     // In-process actors of the controller's program log as the controller
     // does.
@@ -313,17 +423,27 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
                     _ => log_to(&sinks, &args.proc, &args.events)?,
                 };
                 let handler_timeout = params.handler_timeout_ms.map(Duration::from_millis);
+                // What the actor spawns runs where it runs: in this process
+                // when it is the controller's (procs in process), else in
+                // child processes of this one (AO-1).
+                let placement = match in_process {
+                    true => Placement::InProcess,
+                    false => Placement::Local {
+                        program: std::env::current_exe()
+                            .map_err(|e| format!("cannot find this binary to start procs: {e}"))?,
+                    },
+                };
                 let sandbox = Sandbox {
                     memory_bytes: params.memory_bytes,
                     deadline: Duration::from_millis(params.deadline_ms),
                     call_timeout: Duration::from_millis(params.call_timeout_ms),
-                    max_procs: 0,
+                    max_procs: params.max_procs,
+                    placement,
                     fanout: params.fanout,
                     handler_timeout,
                     grants: params.grants,
-                    ..Sandbox::default()
                 };
-                let cluster = Cluster::new(
+                let cluster = Cluster::for_actor(
                     compiled.engine.clone(),
                     Some(compiled.pre.clone()),
                     sandbox,
@@ -347,6 +467,7 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
                     instance: None,
                     handler_timeout,
                     interrupt: Arc::default(),
+                    watchers: Arc::default(),
                 };
                 let interrupt = actor.interrupt.clone();
                 let spawned = SpawnedActor::start(&args, actor).await?;
