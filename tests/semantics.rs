@@ -215,7 +215,8 @@ fn the_programs_exit_status_is_the_commands() {
 }
 
 /// What actors print on stdout and stderr reaches the controller's
-/// terminal, each line prefixed with its mesh and rank, in order.
+/// terminal, each line prefixed with its mesh and rank, in order per actor
+/// (lines of different actors, and the controller's own, may interleave).
 #[test]
 fn actor_output_reaches_the_terminal_prefixed() {
     let out = semantics(&["print"], &[]);
@@ -226,15 +227,13 @@ fn actor_output_reaches_the_terminal_prefixed() {
             .position(|(_, line)| line == needle)
             .unwrap_or_else(|| panic!("no line {needle:?}:\n{out:?}"))
     };
-    let order = [
-        at("[printers 0] hello from 0"),
-        at("[printers 0] err: hello from 0"),
-        at("[printers 1] hello from 1"),
-        at("[printers 1] err: hello from 1"),
-        at("[controller] print done"),
-    ];
-    assert!(order.windows(2).all(|w| w[0] < w[1]), "{out:?}");
-    assert!(!out.lines_with("controller stdout").is_empty(), "{out:?}");
+    for rank in 0..2 {
+        let out_line = at(&format!("[printers {rank}] hello from {rank}"));
+        let err_line = at(&format!("[printers {rank}] err: hello from {rank}"));
+        assert!(out_line < err_line, "{out:?}");
+    }
+    at("controller stdout");
+    at("[controller] print done");
 }
 
 /// Nothing is granted by default; `--dir` preopens a directory read-only
@@ -291,9 +290,10 @@ fn directories_and_environment_are_granted_only_by_flags() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Cancelling a job whose actors sleep in WASI on a persistent mesh stops
-/// them within a second, and the next job on the same mesh succeeds
-/// within 2 s.
+/// Under `serve`, on a persistent mesh: cancelling a job whose actors
+/// sleep in WASI stops them within a second, and the next job on the same
+/// mesh succeeds within 2 s; a job's actor output reaches its log; and a
+/// job may not kill the mesh's procs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_job_frees_its_persistent_mesh_for_the_next() {
     let dir = serve_support::Scratch::new("semantics-cancel");
@@ -364,5 +364,34 @@ async fn a_cancelled_job_frees_its_persistent_mesh_for_the_next() {
         next_at.elapsed() < Duration::from_secs(2),
         "{:?}",
         next_at.elapsed()
+    );
+
+    // What the job's actors print lands in the job's log, prefixed with
+    // the job's mesh and the rank, and so does the controller's stdout.
+    let printing = client.submit(&job(&["print"])).await.unwrap();
+    let mut lines = Vec::new();
+    let end = client
+        .follow_logs(printing, |line| lines.push(line.to_string()))
+        .await
+        .expect("the log");
+    assert_eq!(end.status, JobStatus::Succeeded, "{lines:?}");
+    for expected in [
+        format!("[j{printing}.printers 0] hello from 0"),
+        format!("[j{printing}.printers 1] err: hello from 1"),
+        "[controller] controller stdout".to_string(),
+    ] {
+        assert!(lines.contains(&expected), "{expected:?} in {lines:?}");
+    }
+
+    // A job may not kill the procs of a persistent mesh: they are not its.
+    let killing = client.submit(&job(&["info-kill"])).await.unwrap();
+    let end = client.follow_logs(killing, |_| {}).await.expect("the log");
+    assert_eq!(end.status, JobStatus::Failed);
+    let error = end.error.unwrap_or_default();
+    assert!(error.contains("belongs to a persistent mesh"), "{error}");
+    let meshes = client.meshes().await.unwrap();
+    assert!(
+        meshes[0].procs.iter().all(|p| p.state == "running"),
+        "{meshes:?}"
     );
 }

@@ -185,6 +185,9 @@ pub struct SupervisionFailure {
     pub kind: ErrorKind,
     /// The endpoint the actor was handling when it failed, if any.
     pub endpoint: Option<String>,
+    /// For [`ErrorKind::Endpoint`] (an error returned to a broadcast): the
+    /// error's type as the actor named it.
+    pub type_name: Option<String>,
     /// What happened, in the host's words.
     pub reason: String,
     /// The guest backtrace of a trap, or the traceback an endpoint gave.
@@ -211,6 +214,7 @@ impl From<wit::SupervisionFailure> for SupervisionFailure {
             rank: f.rank,
             kind: f.kind.into(),
             endpoint: f.endpoint,
+            type_name: f.type_name,
             reason: f.reason,
             backtrace: f.backtrace,
         }
@@ -224,6 +228,7 @@ impl From<SupervisionFailure> for wit::SupervisionFailure {
             rank: f.rank,
             kind: f.kind.into(),
             endpoint: f.endpoint,
+            type_name: f.type_name,
             reason: f.reason,
             backtrace: f.backtrace,
         }
@@ -717,6 +722,7 @@ mod tests {
             rank: 1,
             kind: wit::ErrorKind::Deadline,
             endpoint: Some("spin".into()),
+            type_name: None,
             reason: "ran past 1000 ms".into(),
             backtrace: None,
         });

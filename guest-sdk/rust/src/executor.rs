@@ -502,6 +502,7 @@ mod tests {
             rank,
             kind: wit::ErrorKind::Trap,
             endpoint: None,
+            type_name: None,
             reason: "trapped".into(),
             backtrace: None,
         }

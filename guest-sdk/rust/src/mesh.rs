@@ -94,7 +94,7 @@ pub fn spawn_procs(extent: &Extent) -> Result<ProcMesh, MeshError> {
 /// default applies (`monarch-host run --call-timeout`, 60 s unless given).
 pub fn set_call_timeout(timeout: Duration) {
     with_reactor(|r| r.call_timeout = Some(timeout));
-    wit_mesh::set_call_timeout(millis(timeout));
+    wit_mesh::set_call_timeout(Some(millis(timeout)));
 }
 
 /// Sets the handler deadline of the requests made from now on: each
@@ -106,10 +106,6 @@ pub fn set_handler_timeout(timeout: Option<Duration>) {
     with_reactor(|r| r.handler_timeout = timeout);
     wit_mesh::set_handler_timeout(timeout.map(millis));
 }
-
-/// What the host assumes when a program never set a call timeout
-/// (`set-call-timeout` has no way to go back to the host's own default).
-const HOST_DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -436,15 +432,15 @@ impl CallOptions {
         }
         let (call_before, handler_before) = with_reactor(|r| (r.call_timeout, r.handler_timeout));
         if let Some(timeout) = self.call_timeout {
-            wit_mesh::set_call_timeout(millis(timeout));
+            wit_mesh::set_call_timeout(Some(millis(timeout)));
         }
         if let Some(timeout) = self.handler_timeout {
             wit_mesh::set_handler_timeout(Some(millis(timeout)));
         }
         let sent = request();
         if self.call_timeout.is_some() {
-            let before = call_before.unwrap_or(HOST_DEFAULT_CALL_TIMEOUT);
-            wit_mesh::set_call_timeout(millis(before));
+            // None puts back the host's own default (`--call-timeout`).
+            wit_mesh::set_call_timeout(call_before.map(millis));
         }
         if self.handler_timeout.is_some() {
             wit_mesh::set_handler_timeout(handler_before.map(millis));
@@ -484,10 +480,6 @@ impl<A: Actor> ActorMesh<A> {
     /// A handle to the same mesh whose requests wait at most `timeout` for
     /// a reply (kind [`Timeout`](crate::ErrorKind::Timeout) after it),
     /// whatever [`set_call_timeout`] says. Other handles are unaffected.
-    ///
-    /// If the program never called [`set_call_timeout`], each request
-    /// through this handle leaves the host's call timeout at 60 s after
-    /// it: the WIT cannot restore a `--call-timeout` the host was given.
     pub fn with_call_timeout(&self, timeout: Duration) -> Self {
         let mut mesh = self.clone();
         mesh.options.call_timeout = Some(timeout);

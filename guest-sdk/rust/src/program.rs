@@ -299,6 +299,7 @@ mod tests {
             rank: 0,
             kind: wit::ErrorKind::Trap,
             endpoint: None,
+            type_name: None,
             reason: "trapped".into(),
             backtrace: None,
         };

@@ -118,6 +118,7 @@ pub(crate) fn failure(mesh: &str, rank: u32, fault: Fault) -> SupervisionFailure
         rank,
         kind: wit_kind(fault.kind),
         endpoint: fault.endpoint,
+        type_name: fault.type_name,
         reason: fault.message,
         backtrace: fault.backtrace,
     }
@@ -134,7 +135,7 @@ pub(crate) fn from_failure(failure: &SupervisionFailure, endpoint: &str) -> Call
             endpoint: Some(endpoint.to_string()),
         }),
         message: failure.reason.clone(),
-        type_name: None,
+        type_name: failure.type_name.clone(),
         backtrace: failure.backtrace.clone(),
     }
 }
@@ -172,5 +173,21 @@ mod tests {
         for (rank_error, kind) in kinds {
             assert_eq!(call_error("w", 0, "e", rank_error).kind, kind);
         }
+    }
+
+    #[test]
+    fn er1_a_failure_and_the_errors_that_refer_to_it_agree() {
+        let mut fault = Fault::new(FaultKind::Endpoint, "bad").at_endpoint("fail");
+        fault.type_name = Some("ValueError".into());
+        let failed = failure("w", 2, fault);
+        assert_eq!(failed.type_name.as_deref(), Some("ValueError"));
+        let later = from_failure(&failed, "echo");
+        assert_eq!(
+            (later.kind, later.message.as_str()),
+            (ErrorKind::Endpoint, "bad")
+        );
+        assert_eq!(later.type_name.as_deref(), Some("ValueError"));
+        let origin = later.origin.unwrap();
+        assert_eq!((origin.mesh.as_str(), origin.rank), ("w", 2));
     }
 }

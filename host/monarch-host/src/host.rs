@@ -783,8 +783,11 @@ impl mesh::Host for HostState {
         Ok(self.ready.drain(..count).collect())
     }
 
-    async fn set_call_timeout(&mut self, timeout_ms: u64) -> wasmtime::Result<()> {
-        self.call_timeout = Duration::from_millis(timeout_ms.max(1));
+    async fn set_call_timeout(&mut self, timeout_ms: Option<u64>) -> wasmtime::Result<()> {
+        self.call_timeout = match timeout_ms {
+            Some(ms) => Duration::from_millis(ms.max(1)),
+            None => self.cluster.sandbox.call_timeout,
+        };
         Ok(())
     }
 
