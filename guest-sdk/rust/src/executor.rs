@@ -289,13 +289,17 @@ pub(crate) fn block_on_with<F: Future>(source: &mut impl EventSource, future: F)
                      next_failure?"
                 );
             }
-            let events = source.next_events(MAX_EVENTS, wait_ms(deadline, Instant::now()));
+            // Reading the clock is a host call: only with a timer set.
+            let wait = deadline.map_or(WAIT_MS, |at| wait_ms(Some(at), Instant::now()));
+            let events = source.next_events(MAX_EVENTS, wait);
             let mut wake = Vec::new();
             with_reactor(|r| {
                 for event in events {
                     r.deliver(event, &mut wake);
                 }
-                r.fire_timers(Instant::now(), &mut wake);
+                if r.next_deadline().is_some() {
+                    r.fire_timers(Instant::now(), &mut wake);
+                }
             });
             wake.extend(offer_failures());
             wake.into_iter().for_each(Waker::wake);

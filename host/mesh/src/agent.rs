@@ -182,7 +182,12 @@ impl Registry {
             }
             std::fs::create_dir_all(&self.blob_dir)
                 .map_err(|e| format!("cannot create {}: {e}", self.blob_dir.display()))?;
-            let partial = path.with_extension(format!("partial-{}", std::process::id()));
+            // Unique per writer: several allocators of one process (tests
+            // in threads, actors that spawn meshes) may store the same
+            // blob at once, and each renames only its own file.
+            static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let nth = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let partial = path.with_extension(format!("partial-{}-{nth}", std::process::id()));
             std::fs::write(&partial, bytes)
                 .and_then(|()| std::fs::rename(&partial, &path))
                 .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
@@ -403,6 +408,27 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), b"bytes");
         assert!(registry.put_blob(&sha256_hex(b"other"), b"bytes").is_err());
         assert!(blob_path(&dir, "../../etc/passwd").is_err());
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    /// PA-2 with writers racing: registries of one process that store the
+    /// same new blob at once all succeed (each writes a file of its own and
+    /// renames it into place).
+    #[test]
+    fn pa2_one_blob_stored_by_many_writers_at_once() {
+        let dir = std::env::temp_dir().join(format!("mesh-blobs-race-{}", std::process::id()));
+        let bytes = vec![7u8; 1 << 20];
+        let sha = sha256_hex(&bytes);
+        let writers: Vec<_> = (0..8)
+            .map(|_| {
+                let (dir, bytes, sha) = (dir.clone(), bytes.clone(), sha.clone());
+                std::thread::spawn(move || Registry::new(dir).put_blob(&sha, &bytes))
+            })
+            .collect();
+        for writer in writers {
+            let path = writer.join().unwrap().expect("every writer succeeds");
+            assert_eq!(std::fs::read(path).unwrap(), bytes);
+        }
         std::fs::remove_dir_all(dir).ok();
     }
 }

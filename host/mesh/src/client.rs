@@ -27,6 +27,10 @@ use crate::comm::{ProcDied, comm_port};
 /// Where log lines of actors go.
 pub type LogSink = Arc<dyn Fn(&str) + Send + Sync>;
 
+/// How long a dropped client's event task waits for more events before it
+/// ends.
+const LINGER: Duration = Duration::from_millis(200);
+
 #[derive(Default)]
 struct ClientState {
     /// Every proc started, in order, with its host.
@@ -76,6 +80,9 @@ pub struct MeshClient {
     stopped: mpsc::UnboundedSender<MeshEvent>,
     allocator: Arc<dyn Allocator>,
     state: Arc<Mutex<ClientState>>,
+    /// Dropped with the client: ends its event task, which holds the
+    /// client's proc (an actor's client comes and goes with the actor).
+    _events_task: tokio::sync::oneshot::Sender<()>,
 }
 
 impl MeshClient {
@@ -105,6 +112,7 @@ impl MeshClient {
         let mut events_port = mailbox.open_port::<MeshEvent>();
         let events = events_port.bind();
         let (stopped, mut stopped_rx) = mpsc::unbounded_channel();
+        let (events_task, mut dropped) = tokio::sync::oneshot::channel::<()>();
         let state: Arc<Mutex<ClientState>> = Arc::default();
         let client = Arc::new(MeshClient {
             proc,
@@ -113,12 +121,21 @@ impl MeshClient {
             stopped,
             allocator,
             state: state.clone(),
+            _events_task: events_task,
         });
         tokio::spawn(async move {
+            // Once the client is dropped, what is still in flight (the last
+            // log lines of its actors) is taken until the ports are quiet.
+            let mut closing = false;
             loop {
                 let event = tokio::select! {
                     Some(event) = events_port.recv() => event,
                     Some(event) = stopped_rx.recv() => event,
+                    _ = &mut dropped, if !closing => {
+                        closing = true;
+                        continue;
+                    }
+                    _ = tokio::time::sleep(LINGER), if closing => break,
                     else => break,
                 };
                 handle_event(&mailbox, &state, &log, event);

@@ -87,19 +87,27 @@ async fn race<T>(
     deadline: Option<Duration>,
     interrupt: &Interrupt,
 ) -> Ended<T> {
+    let ended = |result: wasmtime::Result<T>| match result {
+        Ok(value) => Ended::Returned(value),
+        Err(trap) => Ended::Trapped(trap),
+    };
+    let until = deadline.map(|after| tokio::time::Instant::now() + after);
+    let mut export = std::pin::pin!(export);
+    // Most exports return at their first poll: then neither the timer nor
+    // the interrupt's waiter is ever set up.
+    if let std::task::Poll::Ready(result) = futures::poll!(export.as_mut()) {
+        return ended(result);
+    }
     let expired = async {
-        match deadline {
-            Some(after) => tokio::time::sleep(after).await,
+        match until {
+            Some(until) => tokio::time::sleep_until(until).await,
             None => std::future::pending().await,
         }
     };
     tokio::select! {
         biased;
+        result = export.as_mut() => ended(result),
         _ = interrupt.raised() => Ended::Stopped,
-        result = export => match result {
-            Ok(value) => Ended::Returned(value),
-            Err(trap) => Ended::Trapped(trap),
-        },
         _ = expired => Ended::Deadline(deadline.unwrap_or_default()),
     }
 }
