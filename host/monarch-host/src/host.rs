@@ -6,7 +6,12 @@
 //! `stream`...) becomes a cast down the mesh's multicast tree and returns
 //! its id at once; exactly one final event comes for the id, which
 //! `next-events` hands over with the failures of the meshes the instance
-//! spawned.
+//! spawned (an actor's go to its `supervise` export instead).
+//!
+//! - FE-1: one failure event per failed actor of the meshes the instance
+//!   owns; every request waiting on it gets an error of its own.
+//! - MS-1: a request to a mesh its owner stopped, or to a rank whose
+//!   failure it heard of, fails before anything is sent.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;

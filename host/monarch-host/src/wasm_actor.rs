@@ -8,8 +8,15 @@
 //! compiles a program once, and its procs deserialize it). The instance is
 //! made in the actor's `init`, which also calls the component's `create`.
 //! Each [`MeshCall`] runs the component's `handle`. An endpoint error is a
-//! reply; a trap fails the actor, and hyperactor's supervision turns it
-//! into a failure for every pending caller.
+//! reply (and, after a broadcast, fails the actor); a trap fails the actor,
+//! and hyperactor's supervision turns it into a failure for every pending
+//! caller, carrying an encoded [`Fault`] (kind, endpoint, backtrace).
+//!
+//! Every export runs in `race` against its handler deadline and the
+//! actor's stop, so no guest holds its actor past either. What the actor
+//! spawns is its own (AO-1): failures of it reach the `supervise` export
+//! between messages (AO-2, woken by [`OwnedMeshNews`]), and one the export
+//! does not handle fails the actor with kind `supervision` (AO-3).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
