@@ -365,6 +365,23 @@ fn monarch_host_runs_a_program_on_remote_hosts() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("hello from rank 3 of 4"), "{stdout}");
+    // What actors print on the agents' hosts reaches this terminal,
+    // prefixed with mesh and rank (one printer on each host).
+    let out = std::process::Command::new(cli)
+        .args(["run", env!("GUEST_SEMANTICS"), "--hosts", &hosts.join(",")])
+        .arg("--token-file")
+        .arg(&token)
+        .args(["--", "print"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    for line in [
+        "[printers 0] hello from 0",
+        "[printers 1] err: hello from 1",
+    ] {
+        assert!(stdout.lines().any(|l| l == line), "{line:?} in {stdout}");
+    }
     // A wrong token is refused by name.
     std::fs::write(dir.join("wrong"), "nope").unwrap();
     let out = std::process::Command::new(cli)

@@ -1149,8 +1149,15 @@ impl mesh::HostActorMesh for HostState {
         message: Vec<u8>,
     ) -> wasmtime::Result<u64> {
         self.request(this, endpoint, message, Mode::Single, |mesh| {
+            // A live actor with the fewest calls in flight; a rank known to
+            // have failed only when every one has (the call then fails at
+            // once with its failure).
+            let state = mesh.base.state();
             let index = (0..mesh.ranks.len())
-                .min_by_key(|&i| mesh.in_flight[i].load(Ordering::Relaxed))
+                .min_by_key(|&i| {
+                    let failed = state.failed.contains_key(&mesh.ranks[i]);
+                    (failed, mesh.in_flight[i].load(Ordering::Relaxed))
+                })
                 .ok_or_else(|| "choose needs a mesh with at least one actor".to_string())?;
             Ok(Some(vec![index]))
         })

@@ -421,6 +421,17 @@ async fn broadcast_error() -> Result<(), String> {
     }
     expect.kind("a call to the other rank", &result, "ok");
 
+    // `choose` skips the rank whose failure the controller heard of, even
+    // when the live one is busier: four in flight at once all go to rank 0.
+    let chosen: Vec<_> = (0..4).map(|_| workers.choose(&Echo(3))).collect();
+    for result in futures::future::join_all(chosen).await {
+        match &result {
+            Ok(_) => info!("choose ok"),
+            Err(e) => info!("choose kind={}", e.kind()),
+        }
+        expect.kind("a choose after the failure", &result, "ok");
+    }
+
     sleep(Duration::from_millis(500)).await;
     // The awaited failure, and any the supervisor saw (each failure event
     // also lands in the queue that take_failures drains).
