@@ -89,6 +89,12 @@ fn a_broadcast_error_stops_the_actor_and_tells_its_owner() {
     assert_eq!(field(&out, "after-failure", "kind"), "endpoint", "{out:?}");
     assert!(!out.lines_with("other-rank ok").is_empty(), "{out:?}");
     assert_eq!(out.lines_with("choose ok").len(), 4, "{out:?}");
+    // A stream gives the failed rank's failure and the live rank's reply.
+    assert!(
+        !out.lines_with("stream rank=1 endpoint").is_empty(),
+        "{out:?}"
+    );
+    assert!(!out.lines_with("stream rank=0 ok").is_empty(), "{out:?}");
     assert_eq!(out.after("[controller] failures="), "1", "{out:?}");
 }
 

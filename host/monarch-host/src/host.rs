@@ -1247,10 +1247,54 @@ impl HostState {
             Ok(positions) => positions,
             Err(reason) => return Ok(self.refuse(errors::invalid(reason))),
         };
+        if matches!(mode, Mode::Stream) && mesh.base.state().stopped.is_none() {
+            return Ok(self.stream_around_failures(&mesh, endpoint, message));
+        }
         match self.refused(&mesh, positions.as_deref(), &endpoint) {
             Some(error) => Ok(self.refuse(error)),
             None => Ok(self.start(&mesh, positions, endpoint, message, mode)),
         }
+    }
+
+    /// A stream to a mesh with failed ranks: each failed rank's item is
+    /// its failure, at once, and the live ranks get the request (MS-1).
+    fn stream_around_failures(
+        &mut self,
+        mesh: &ActorMeshHandle,
+        endpoint: String,
+        message: Vec<u8>,
+    ) -> u64 {
+        let failed: Vec<(usize, CallError)> = {
+            let state = mesh.base.state();
+            mesh.ranks
+                .iter()
+                .enumerate()
+                .filter_map(|(at, rank)| {
+                    let failure = state.failed.get(rank)?;
+                    Some((at, errors::from_failure(failure, &endpoint)))
+                })
+                .collect()
+        };
+        if failed.is_empty() {
+            return self.start(mesh, None, endpoint, message, Mode::Stream);
+        }
+        let live: Vec<usize> = (0..mesh.ranks.len())
+            .filter(|at| !failed.iter().any(|(f, _)| f == at))
+            .collect();
+        let id = if live.is_empty() {
+            self.request_id()
+        } else {
+            self.start(mesh, Some(live.clone()), endpoint, message, Mode::Stream)
+        };
+        // Queued now, so they come before any live rank's reply.
+        for (at, error) in failed {
+            let rank = mesh.ranks[at];
+            self.finish_now(id, EventKind::Item((rank, Err(error))));
+        }
+        if live.is_empty() {
+            self.finish_now(id, EventKind::End);
+        }
+        id
     }
 
     /// Ends a new request at once with `error`; returns its id.

@@ -432,6 +432,18 @@ async fn broadcast_error() -> Result<(), String> {
         expect.kind("a choose after the failure", &result, "ok");
     }
 
+    // A stream answers for the failed rank at once, and asks the live one.
+    let items: Vec<_> = futures::StreamExt::collect::<Vec<_>>(workers.stream(&Echo(4))).await;
+    for (rank, result) in &items {
+        match result {
+            Ok(_) => info!("stream rank={rank} ok"),
+            Err(e) => info!("stream rank={rank} {}", e.kind()),
+        }
+    }
+    expect.that(items.len() == 2, || {
+        format!("a stream of 2 ranks gave {items:?}")
+    });
+
     sleep(Duration::from_millis(500)).await;
     // The awaited failure, and any the supervisor saw (each failure event
     // also lands in the queue that take_failures drains).
