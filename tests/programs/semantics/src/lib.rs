@@ -23,18 +23,19 @@
 //! | `print` | actors' stdout and stderr, and the controller's stdout |
 //! | `files PATH VAR` | file and environment access, in the controller and in an actor |
 
-use std::cell::RefCell;
 use std::fmt::Display;
-use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use monarch_guest::futures::future::join_all;
 use monarch_guest::prelude::*;
 use monarch_guest::{
-    MeshError, SpawnOptions, SupervisionFailure, next_failure, select, supervise, take_failures,
-    timeout,
+    MeshError, SpawnOptions, SupervisionFailure, next_failure, select, take_failures, timeout,
 };
 use serde::{Deserialize, Serialize};
+
+#[path = "../../expect.rs"]
+mod expect;
+use expect::{Expect, kind_of, record_failures};
 
 /// `echo`: replies with its input.
 #[derive(Serialize, Deserialize)]
@@ -249,57 +250,6 @@ impl Handler<GetEnv> for Worker {
 /// Milliseconds since `started`, whole.
 fn millis(started: Instant) -> u64 {
     u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
-}
-
-/// `ok`, or the error's kind as the WIT names it.
-fn kind_of<T>(result: &Result<T, CallError>) -> &'static str {
-    match result {
-        Ok(_) => "ok",
-        Err(e) => e.kind().name(),
-    }
-}
-
-/// What differed from expectations; the run fails with all of it.
-#[derive(Default)]
-struct Expect {
-    problems: Vec<String>,
-}
-
-impl Expect {
-    /// Notes `what` unless `ok`.
-    fn that(&mut self, ok: bool, what: impl FnOnce() -> String) {
-        if !ok {
-            self.problems.push(what());
-        }
-    }
-
-    /// Notes a call whose kind (`ok` for success) is not `expected`.
-    fn kind<T>(&mut self, what: &str, result: &Result<T, CallError>, expected: &str) {
-        let got = kind_of(result);
-        self.that(got == expected, || match result {
-            Err(e) => format!("{what}: expected {expected}, got {got} ({e})"),
-            Ok(_) => format!("{what}: expected {expected}, the call succeeded"),
-        });
-    }
-
-    fn done(self) -> Result<(), String> {
-        if self.problems.is_empty() {
-            Ok(())
-        } else {
-            Err(self.problems.join("; "))
-        }
-    }
-}
-
-/// A supervisor that handles every failure and keeps a copy.
-fn record_failures() -> Rc<RefCell<Vec<SupervisionFailure>>> {
-    let seen = Rc::new(RefCell::new(Vec::new()));
-    let record = seen.clone();
-    supervise(move |failure| {
-        record.borrow_mut().push(failure.clone());
-        true
-    });
-    seen
 }
 
 /// The next failure event, within 10 s.

@@ -21,13 +21,15 @@
 //! | `stop` | `pids P1,P2`, `stopped`, `failures=0` | the procs the nodes spawned (their pids), and stopping `level1` is no failure |
 //! | `depth N` | `depth N ok` | a tree N levels deep grows and answers `ping_down` from every level |
 
-use std::cell::RefCell;
-use std::rc::Rc;
 use std::time::Duration;
 
 use monarch_guest::prelude::*;
-use monarch_guest::{SupervisionFailure, next_failure, supervise, take_failures, timeout};
+use monarch_guest::{SupervisionFailure, next_failure, take_failures, timeout};
 use serde::{Deserialize, Serialize};
+
+#[path = "../../expect.rs"]
+mod expect;
+use expect::{Expect, kind_of, record_failures};
 
 /// What a node does with a failure in the mesh it owns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -266,48 +268,6 @@ impl Handler<Trap> for Node {
     async fn handle(&mut self, _cx: &Context, _: Trap) -> Result<(), EndpointError> {
         panic!("leaf trapped");
     }
-}
-
-/// `ok`, or the error's kind as the WIT names it.
-fn kind_of<T>(result: &Result<T, CallError>) -> &'static str {
-    match result {
-        Ok(_) => "ok",
-        Err(e) => e.kind().name(),
-    }
-}
-
-/// What differed from expectations; the run fails with all of it.
-#[derive(Default)]
-struct Expect {
-    problems: Vec<String>,
-}
-
-impl Expect {
-    /// Notes `what` unless `ok`.
-    fn that(&mut self, ok: bool, what: impl FnOnce() -> String) {
-        if !ok {
-            self.problems.push(what());
-        }
-    }
-
-    fn done(self) -> Result<(), String> {
-        if self.problems.is_empty() {
-            Ok(())
-        } else {
-            Err(self.problems.join("; "))
-        }
-    }
-}
-
-/// A supervisor that handles every failure and keeps a copy.
-fn record_failures() -> Rc<RefCell<Vec<SupervisionFailure>>> {
-    let seen = Rc::new(RefCell::new(Vec::new()));
-    let record = seen.clone();
-    supervise(move |failure| {
-        record.borrow_mut().push(failure.clone());
-        true
-    });
-    seen
 }
 
 /// The failures the supervisor saw, for error messages.
