@@ -83,8 +83,7 @@ pub trait Allocator: Send + Sync + 'static {
 
     /// The name of the host numbered `host` in [`Allocated::host`]: its
     /// agent's address, or `local` for this machine.
-    fn host_name(&self, host: usize) -> String {
-        let _ = host;
+    fn host_name(&self, _host: usize) -> String {
         "local".into()
     }
 }

@@ -41,6 +41,19 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
+    /// Every kind.
+    pub const ALL: [FaultKind; 9] = [
+        FaultKind::Endpoint,
+        FaultKind::Trap,
+        FaultKind::Deadline,
+        FaultKind::OutOfMemory,
+        FaultKind::ProcLost,
+        FaultKind::Stopped,
+        FaultKind::Timeout,
+        FaultKind::Invalid,
+        FaultKind::Supervision,
+    ];
+
     /// The kind's name, as the WIT spells it (`proc-lost`).
     pub fn name(self) -> &'static str {
         match self {

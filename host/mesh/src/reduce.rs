@@ -165,7 +165,9 @@ pub enum RankError {
 impl std::fmt::Display for RankError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            RankError::Endpoint(text) => write!(f, "endpoint error: {text}"),
+            RankError::Endpoint(text) => {
+                write!(f, "endpoint error: {}", crate::Fault::readable(text))
+            }
             RankError::Failed(reason) => write!(f, "{}", crate::Fault::readable(reason)),
             RankError::Stopped(reason) | RankError::Lost(reason) => write!(f, "{reason}"),
             RankError::Timeout(ms) => write!(f, "no reply within {ms} ms"),

@@ -27,23 +27,21 @@ pub(crate) fn wit_kind(kind: FaultKind) -> ErrorKind {
 
 /// The kind's name as the WIT spells it (`proc-lost`).
 pub(crate) fn kind_name(kind: ErrorKind) -> &'static str {
-    match kind {
-        ErrorKind::Endpoint => "endpoint",
-        ErrorKind::Trap => "trap",
-        ErrorKind::Deadline => "deadline",
-        ErrorKind::OutOfMemory => "out-of-memory",
-        ErrorKind::ProcLost => "proc-lost",
-        ErrorKind::Stopped => "stopped",
-        ErrorKind::Timeout => "timeout",
-        ErrorKind::Invalid => "invalid",
-        ErrorKind::Supervision => "supervision",
-    }
+    FaultKind::ALL
+        .into_iter()
+        .find(|fault| wit_kind(*fault) == kind)
+        .map_or("unknown", FaultKind::name)
 }
 
 /// A request refused before anything was sent.
 pub(crate) fn invalid(message: impl Into<String>) -> CallError {
+    unattributed(ErrorKind::Invalid, message)
+}
+
+/// An error of the request as a whole, about no one actor.
+pub(crate) fn unattributed(kind: ErrorKind, message: impl Into<String>) -> CallError {
     CallError {
-        kind: ErrorKind::Invalid,
+        kind,
         origin: None,
         message: message.into(),
         type_name: None,
@@ -172,6 +170,13 @@ mod tests {
         ];
         for (rank_error, kind) in kinds {
             assert_eq!(call_error("w", 0, "e", rank_error).kind, kind);
+        }
+    }
+
+    #[test]
+    fn every_kind_has_the_wit_name_of_its_fault_kind() {
+        for kind in FaultKind::ALL {
+            assert_eq!(kind_name(wit_kind(kind)), kind.name());
         }
     }
 

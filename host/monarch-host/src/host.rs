@@ -151,11 +151,15 @@ impl Cluster {
         log: LogSink,
         program: ProgramBytes,
     ) -> Arc<Self> {
-        let mut cluster = Self::for_job(engine, pre, sandbox, log, program, JobHooks::default());
-        if let Some(cluster) = Arc::get_mut(&mut cluster) {
-            cluster.actor_owned = true;
-        }
-        cluster
+        Self::build(
+            engine,
+            pre,
+            sandbox,
+            log,
+            program,
+            JobHooks::default(),
+            true,
+        )
     }
 
     /// A cluster for a job of the server.
@@ -167,6 +171,18 @@ impl Cluster {
         program: ProgramBytes,
         job: JobHooks,
     ) -> Arc<Self> {
+        Self::build(engine, pre, sandbox, log, program, job, false)
+    }
+
+    fn build(
+        engine: Engine,
+        pre: Option<ProgramPre<HostState>>,
+        sandbox: Sandbox,
+        log: LogSink,
+        program: ProgramBytes,
+        job: JobHooks,
+        actor_owned: bool,
+    ) -> Arc<Self> {
         let deadline = Instant::now() + sandbox.deadline;
         Arc::new(Cluster {
             engine,
@@ -177,7 +193,7 @@ impl Cluster {
             program,
             client: std::sync::OnceLock::new(),
             job,
-            actor_owned: false,
+            actor_owned,
         })
     }
 
@@ -873,18 +889,13 @@ impl mesh::HostProcMesh for HostState {
             .enumerate()
             .map(|(rank, proc)| {
                 let known = client.and_then(|c| c.proc_info(proc));
-                let dead = client.and_then(|c| c.dead(proc));
-                let state = match (&known, dead) {
-                    (Some(info), _) if info.stopped => ProcState::Stopped,
-                    (_, Some(reason)) if reason == hyperactor_mesh::comm::STOPPED_BY_OWNER => {
-                        ProcState::Stopped
-                    }
-                    (_, Some(reason)) => ProcState::Failed(reason),
-                    (Some(info), None) => match &info.ended {
+                let state = match &known {
+                    Some(info) if info.stopped => ProcState::Stopped,
+                    Some(info) => match &info.ended {
                         Some(reason) => ProcState::Failed(reason.clone()),
                         None => ProcState::Running,
                     },
-                    (None, None) => ProcState::Running,
+                    None => ProcState::Running,
                 };
                 ProcInfo {
                     rank: rank as u32,

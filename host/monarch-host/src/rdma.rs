@@ -25,7 +25,7 @@ use hyperactor::ProcId;
 use hyperactor_mesh::client::MeshClient;
 use monarch_rdma::mesh::{RdmaMesh, RdmaMeshOptions, RemoteBuffer};
 
-use crate::bindings::{CallError, Completions, ErrorKind, Event, EventKind, Reply};
+use crate::bindings::{Completions, ErrorKind, Event, EventKind, Reply};
 use crate::errors;
 
 /// The RDMA actors of one instance: a mesh of them per proc mesh the
@@ -218,16 +218,13 @@ fn finish<E: std::fmt::Display>(
         let result = match tokio::time::timeout(timeout, work).await {
             Ok(Ok(bytes)) => Ok(Reply::Single(bytes)),
             Ok(Err(e)) => Err(errors::invalid(format!("{what}: {e}"))),
-            Err(_) => Err(CallError {
-                kind: ErrorKind::Timeout,
-                origin: None,
-                message: format!(
+            Err(_) => Err(errors::unattributed(
+                ErrorKind::Timeout,
+                format!(
                     "{what}: no answer within {} ms (the call timeout)",
                     timeout.as_millis()
                 ),
-                type_name: None,
-                backtrace: None,
-            }),
+            )),
         };
         let _ = done.send(Event {
             id,

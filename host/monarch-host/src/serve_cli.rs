@@ -69,17 +69,6 @@ fn parse_mesh(text: &str) -> Result<(String, u32), String> {
     Ok((name.to_string(), procs))
 }
 
-/// `--handler-timeout`: a positive number of seconds.
-fn parse_seconds(text: &str) -> Result<f64, String> {
-    let seconds: f64 = text
-        .parse()
-        .map_err(|_| format!("`{text}` is not a number of seconds"))?;
-    if !(seconds > 0.0 && seconds.is_finite()) {
-        return Err(format!("`{text}`: give a positive number of seconds"));
-    }
-    Ok(seconds)
-}
-
 /// `--env`: checked here for a quick answer, sent as written.
 fn check_env(text: &str) -> Result<String, String> {
     monarch_host::parse_env(text).map(|_| text.to_string())
@@ -123,8 +112,8 @@ pub struct SubmitArgs {
     /// The most time one actor handler may take, in seconds (fractions
     /// allowed), unless a mesh or a call sets its own; at most the server's
     /// --max-timeout. Default: no limit.
-    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
-    handler_timeout: Option<f64>,
+    #[arg(long, value_name = "SECS", value_parser = crate::parse_seconds)]
+    handler_timeout: Option<Duration>,
     /// Grants the job a directory of the server's machine:
     /// HOST[::GUEST][:ro|:rw], read-only unless `:rw`; guests see it at
     /// GUEST (default: HOST). HOST is an absolute path on the server, inside
@@ -334,7 +323,7 @@ pub fn submit(args: SubmitArgs) -> ExitCode {
                 timeout_s: timeout,
                 call_timeout_s: call_timeout,
                 procs: None,
-                handler_timeout_s: handler_timeout,
+                handler_timeout_s: handler_timeout.map(|t| t.as_secs_f64()),
             }),
             mesh: match (mesh, procs) {
                 (Some(name), _) => Some(MeshChoice::Name(name)),

@@ -68,11 +68,9 @@ impl Drop for WasmActor {
 
 /// Tells an actor that a mesh it owns has news (a failure), so that it
 /// takes it between messages even while no handler runs (AO-2).
+/// The news itself waits in the actor's host state.
 #[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
-pub struct OwnedMeshNews {
-    /// Unused: the news itself waits in the actor's host state.
-    pub seq: u64,
-}
+pub struct OwnedMeshNews;
 
 /// How a guest export ended: returned, trapped, or was interrupted.
 enum Ended<T> {
@@ -141,7 +139,6 @@ impl Actor for WasmActor {
             let mut events = client.subscribe();
             let (news, sender) = (news.clone(), sender.clone());
             let watcher = tokio::spawn(async move {
-                let mut seq = 0;
                 while let Some(event) = events.recv().await {
                     match &event {
                         MeshEvent::Log { .. } => continue,
@@ -151,8 +148,7 @@ impl Actor for WasmActor {
                         }
                         MeshEvent::ActorFailed { .. } => {}
                     }
-                    seq += 1;
-                    news.send(&sender, OwnedMeshNews { seq });
+                    news.send(&sender, OwnedMeshNews);
                 }
             });
             watchers
