@@ -1,0 +1,178 @@
+"""The user's program inside the component.
+
+componentize-py runs this at build time and snapshots the result, and a
+component has no files at run time. So the build:
+
+1. reads the user's script, compiles it (a syntax error is reported with
+   file and line, and the build fails), and registers its source so that
+   tracebacks show its lines;
+2. imports every module the script imports, anywhere in it (a module that
+   is not imported at build time cannot be imported at run time);
+3. runs the script's top level in *actor mode*, as module ``__mp_main__``:
+   one statement at a time, skipping ``if __name__ == "__main__":`` blocks,
+   output muted, and a statement that fails (it needs the cluster, or a
+   name a skipped statement would have set) is skipped. What remains are
+   the classes and functions actors need, already defined in every
+   instance, so spawning an actor costs no import.
+
+At run time the controller runs the whole script as ``__main__``.
+"""
+
+import ast
+import builtins
+import importlib
+import importlib.util
+import io
+import linecache
+import sys
+import traceback
+import types
+
+#: True while the build runs the script in actor mode: the host cannot be
+#: reached then, so anything that needs it raises ``NotAtBuildTime``.
+BUILDING = False
+
+_display = "<program>"
+_code = None
+_actor_module = None
+_problems = []
+
+
+class NotAtBuildTime(RuntimeError):
+    """Raised by calls that need the cluster while the build defines the
+    program's classes."""
+
+
+def check_not_building(what):
+    if BUILDING:
+        raise NotAtBuildTime(f"{what} needs the cluster")
+
+
+def actor_module():
+    return _actor_module
+
+
+def problems():
+    return list(_problems)
+
+
+def _is_main_guard(stmt):
+    if not isinstance(stmt, ast.If):
+        return False
+    test = stmt.test
+    return (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], (ast.Eq, ast.NotEq))
+        and any(isinstance(n, ast.Name) and n.id == "__name__" for n in [test.left, *test.comparators])
+    )
+
+
+def _imported_names(tree):
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+            names.extend(f"{node.module}.{alias.name}" for alias in node.names if alias.name != "*")
+    return names
+
+
+def _where(e):
+    tb = traceback.extract_tb(e.__traceback__)
+    frames = [f for f in tb if f.filename == _display] or tb
+    if frames:
+        return f"{frames[-1].filename}:{frames[-1].lineno}"
+    return _display
+
+
+def prepare(module_name, display):
+    """At build time: load, check and define the user's program."""
+    global _display, _code, _actor_module, BUILDING
+    _display = display
+    spec = importlib.util.find_spec(module_name)
+    if spec is None or spec.origin is None:
+        _problems.append(f"{display}: the program's source was not found in the build")
+        return
+    with open(spec.origin, encoding="utf-8") as f:
+        source = f.read()
+    linecache.cache[display] = (len(source), None, source.splitlines(True), display)
+    try:
+        tree = ast.parse(source, display)
+        _code = compile(tree, display, "exec")
+    except SyntaxError as e:
+        detail = f"{e.filename}:{e.lineno}:{e.offset or 0}: SyntaxError: {e.msg}"
+        if e.text:
+            detail += "\n    " + e.text.rstrip() + "\n    " + " " * max(0, (e.offset or 1) - 1) + "^"
+        _problems.append(detail)
+        return
+    for name in _imported_names(tree):
+        if name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            # `from pkg import name` lists names that may be attributes, not
+            # modules: only a missing top-level module is a problem.
+            if e.name and name.startswith(e.name) and "." not in e.name and name.split(".")[0] == e.name:
+                _problems.append(f"{display}: No module named {e.name!r} (install it where the build runs, "
+                                 "or put it next to the program)")
+        except Exception as e:  # noqa: BLE001 - reported like the import at run time would be
+            _problems.append(f"{display}: importing {name} raised {type(e).__name__}: {e}")
+    module = types.ModuleType("__mp_main__")
+    module.__file__ = display
+    module.__builtins__ = builtins
+    sys.modules["__mp_main__"] = module
+    sys.modules["__main__"] = module
+    _actor_module = module
+    saved = sys.stdout, sys.stderr
+    BUILDING = True
+    try:
+        for stmt in tree.body:
+            if _is_main_guard(stmt):
+                continue
+            piece = compile(ast.Module(body=[stmt], type_ignores=[]), display, "exec")
+            sys.stdout = sys.stderr = io.StringIO()
+            try:
+                exec(piece, module.__dict__)
+            except (ImportError, SyntaxError) as e:
+                _problems.append(f"{_where(e)}: {type(e).__name__}: {e}")
+            except BaseException:  # noqa: BLE001 - needs the cluster or a skipped name
+                pass
+            finally:
+                sys.stdout, sys.stderr = saved
+    finally:
+        BUILDING = False
+        sys.stdout, sys.stderr = saved
+
+
+def run_main(args):
+    """The controller: the whole script as ``__main__``. Returns None, or
+    the text of why it failed."""
+    if _code is None:
+        return "the program was not built (see the build's errors)"
+    module = types.ModuleType("__main__")
+    module.__file__ = _display
+    module.__builtins__ = builtins
+    sys.modules["__main__"] = module
+    sys.argv = [_display, *args]
+    try:
+        exec(_code, module.__dict__)
+    except SystemExit as e:
+        if e.code is None or e.code == 0:
+            return None
+        if isinstance(e.code, int):
+            return f"the program exited with status {e.code}"
+        return str(e.code)
+    except BaseException as e:  # noqa: BLE001 - printed as Python prints it
+        text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        sys.stderr.write(text)
+        return f"{type(e).__name__}: {e} (at {_where(e)})"
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+    return None
