@@ -191,9 +191,18 @@ function checkSyntax(dir, places) {
     if (inBuild.startsWith(`/${SDK_FOLDER}/`)) continue;
     const r = spawnSync(process.execPath, ["--check", join(dir, inBuild.slice(1))], { encoding: "utf8" });
     if (r.status !== 0) {
-      throw new BuildError(`syntax error in ${file}:\n${mapPaths((r.stderr || r.stdout).trim(), dir, places)}`);
+      const why = (r.stderr || r.stdout)
+        .split("\n")
+        .filter((line) => !/^\s*at .*\(node:internal\//.test(line) && !/^Node\.js v/.test(line))
+        .join("\n");
+      throw new BuildError(`syntax error in ${file}:\n${tidy(mapPaths(why, dir, places))}`);
     }
   }
+}
+
+/** Trims a tool's output and squeezes its runs of blank lines. */
+function tidy(text) {
+  return text.replace(/\n\s*\n(\s*\n)+/g, "\n\n").trim();
 }
 
 function jcoCommand() {
@@ -214,11 +223,14 @@ function componentize(dir, places, opts) {
   }
   if (r.status !== 0 || !existsSync(opts.out)) {
     let why = mapPaths(`${r.stderr}\n${r.stdout}`.trim(), dir, places);
-    why = why.replace(/^\(jco componentize\)\s*/, "").replace(/^\[Error: : /, "").replace(/\]\s*\{\s*code: 'GenericFailure'\s*\}\s*$/, "");
+    why = why
+      .replace(/\(jco componentize\)/g, "")
+      .replace(/\[Error: (: )?/g, "")
+      .replace(/\]\s*\{\s*code: '\w+'\s*\}/g, "");
     if (/Failed to finish JavaScript module evaluation/.test(why)) {
       why += "\n(a module's top-level code threw; top-level code runs once, at build time)";
     }
-    throw new BuildError(`jco could not build ${opts.app}:\n${why.trim()}`);
+    throw new BuildError(`jco could not build ${opts.app}:\n${tidy(why)}`);
   }
 }
 

@@ -10,7 +10,7 @@
 //   null, undefined          -> null (f6)
 //   true, false              -> f5, f4
 //   an integral Number       -> an integer, shortest head (-0 is 0)
-//   other Numbers            -> a 64-bit float (fb)
+//   other Numbers, float(x)  -> a 64-bit float (fb)
 //   BigInt                   -> an integer (-2^64 .. 2^64-1, else an error)
 //   string                   -> text
 //   Uint8Array, ArrayBuffer  -> bytes
@@ -60,6 +60,18 @@ export class Tagged {
     this.tag = tag;
     this.value = value;
   }
+}
+
+/** A Number always written as a float (`2` alone is written as an integer). */
+export class Float {
+  constructor(value) {
+    this.value = Number(value);
+  }
+}
+
+/** `value` written as a 64-bit float even when it is integral: float(2) is 2.0. */
+export function float(value) {
+  return new Float(value);
 }
 
 /** Keyword arguments for a call or a spawn: pass `kwargs({...})` last. */
@@ -198,6 +210,7 @@ class Writer {
 
   object(v, depth) {
     if (v === null) return this.byte(0xf6);
+    if (v instanceof Float) return this.float(v.value);
     if (v instanceof Uint8Array) {
       this.head(2, v.length);
       return this.bytes(v);
@@ -210,6 +223,9 @@ class Writer {
       return;
     }
     if (v instanceof Tagged) {
+      if (v.tag !== TAG_ACTOR_MESH && v.tag !== TAG_BUFFER && v.tag !== TAG_KWARGS) {
+        throw new CodecError(`tag ${v.tag} cannot be written from JavaScript (only ${TAG_ACTOR_MESH}, ${TAG_BUFFER} and ${TAG_KWARGS})`);
+      }
       this.head(6, v.tag);
       return this.value(v.value, depth + 1);
     }
@@ -278,7 +294,7 @@ class Reader {
 
   need(n, what) {
     if (this.pos + n > this.bytes.length) {
-      throw new CodecError(`the payload is cut short: ${what} at byte ${this.pos} needs ${n} more bytes, ${this.bytes.length - this.pos} remain`);
+      throw new CodecError(`truncated payload: ${what} at byte ${this.pos} needs ${n} more bytes, ${this.bytes.length - this.pos} remain`);
     }
   }
 
@@ -318,7 +334,7 @@ class Reader {
     if (info === 31) {
       throw new CodecError(`indefinite lengths are not part of the encoding (byte ${start})`);
     }
-    throw new CodecError(`reserved additional information ${info} at byte ${start}`);
+    throw new CodecError(`not well-formed: reserved additional information ${info} at byte ${start}`);
   }
 
   u32At(i) {
@@ -331,7 +347,7 @@ class Reader {
     const n = this.argument(info, start);
     const left = this.bytes.length - this.pos;
     if (typeof n === "bigint" || n * unit > left) {
-      throw new CodecError(`the payload is cut short: ${what} at byte ${start} declares ${n} items, only ${left} bytes remain`);
+      throw new CodecError(`truncated payload: ${what} at byte ${start} declares ${n} items, only ${left} bytes remain`);
     }
     return n;
   }
@@ -426,7 +442,7 @@ class Reader {
             "send plain values (None, bool, int, float, str, bytes, list, tuple, dict) from Python instead",
         );
       default:
-        throw new CodecError(`tag ${tag} at byte ${start} is not part of the encoding (it knows 40100..40103)`);
+        throw new CodecError(`unknown tag ${tag} at byte ${start} (the encoding has tags ${TAG_ACTOR_MESH}..${TAG_PICKLE} only)`);
     }
     const make = this.tags[tag];
     return make ? make(content) : new Tagged(tag, content);
@@ -459,7 +475,7 @@ class Reader {
         return x;
       }
       case 31:
-        throw new CodecError(`a "break" at byte ${start} outside an indefinite length (which the encoding does not use)`);
+        throw new CodecError(`not well-formed: a "break" at byte ${start} outside an indefinite length`);
       default:
         if (info === 24) this.need(1, "a simple value");
         throw new CodecError(`simple value ${info === 24 ? this.bytes[this.pos] : info} at byte ${start} is not part of the encoding (only false, true and null)`);
@@ -484,7 +500,7 @@ export function decode(bytes, options) {
   const r = new Reader(bytes, options);
   const value = r.value(0);
   if (r.pos !== r.bytes.length) {
-    throw new CodecError(`${r.bytes.length - r.pos} bytes left over after the value (which ends at byte ${r.pos})`);
+    throw new CodecError(`${r.bytes.length - r.pos} trailing bytes after the value (which ends at byte ${r.pos}); is the payload of another type?`);
   }
   return value;
 }
@@ -575,7 +591,7 @@ export function utf8Decode(bytes, from = 0, to = bytes.length, at = from) {
   let s = "";
   let chunk = [];
   const bad = (i) => {
-    throw new CodecError(`text at byte ${at} is not valid UTF-8 (at its byte ${i - from})`);
+    throw new CodecError(`invalid UTF-8 in the text at byte ${at} (at its byte ${i - from})`);
   };
   for (let i = from; i < to; ) {
     const b = bytes[i];

@@ -157,7 +157,7 @@ export class ValueMesh {
   }
 
   toString() {
-    return `ValueMesh(${this.extent}) [${this._values.map((v) => inspect(v)).join(", ")}]`;
+    return `ValueMesh(${this.extent}) ${inspect(this._values, 1)}`;
   }
 }
 

@@ -24,6 +24,8 @@ import {
   decodeSequence,
   encode,
   encodeArgs,
+  float,
+  Float,
   kwargs,
   Kwargs,
 } from "./cbor.js";
@@ -43,7 +45,7 @@ import {
   inspect,
 } from "./core.js";
 
-export { ActorError, CallError, CodecError, Extent, Failure, Future, Kwargs, Point, SupervisionError, ValueMesh, kwargs, inspect };
+export { ActorError, CallError, CodecError, Extent, Failure, Float, Future, Kwargs, Point, SupervisionError, Tagged, ValueMesh, float, kwargs, inspect };
 export { encode, decode, encodeArgs, decodeArgs } from "./cbor.js";
 
 const reactor = new Reactor((max, timeoutMs) => mesh.nextEvents(max, timeoutMs));
