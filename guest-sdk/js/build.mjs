@@ -8,7 +8,7 @@
 // program's modules and the SDK (the files next to it: monarch.js, core.js,
 // cbor.js) into a build folder, points the "monarch" imports at the SDK,
 // writes an entry module that registers the program's exported `main` and
-// actor classes, checks the syntax with Node, and runs jco's QuickJS
+// the actor classes its modules export, checks the syntax with Node, and runs jco's QuickJS
 // backend (`jco` on PATH, or the command in $JCO) against the WIT world
 // `program`. Errors name the program's own files and lines.
 //
@@ -158,13 +158,19 @@ function layOut(dir, opts) {
     copyFileSync(join(SDK_DIR, f), join(dir, SDK_FOLDER, f));
     places.set(`/${SDK_FOLDER}/${f}`, join(SDK_DIR, f));
   }
+  // The entry: the program's module first (its main), then every other
+  // module of the program, so that an actor class exported from any of
+  // them is registered.
   const app = toPosix(relative(root, opts.app));
+  const others = [...modules.keys()].filter((f) => f !== opts.app).map((f) => toPosix(relative(root, f)));
   writeFileSync(
     join(dir, ENTRY),
     [
-      `import * as app from "./${app}";`,
       `import { __install } from "./${SDK_FOLDER}/monarch.js";`,
-      `__install(app);`,
+      `import * as app from "./${app}";`,
+      ...others.map((rel, i) => `import * as module${i} from "./${rel}";`),
+      `__install(app, true);`,
+      ...others.map((_, i) => `__install(module${i}, false);`),
       `export { run, actorClass } from "./${SDK_FOLDER}/monarch.js";`,
       "",
     ].join("\n"),

@@ -70,6 +70,40 @@ globalThis.console = {
   error: logAt("error"),
 };
 
+// ------------------------------------------------------------------ random
+
+/**
+ * Math.random, reseeded in every instance when it starts. QuickJS's own
+ * generator is part of the snapshot taken at build time, so without this
+ * every actor, and every run, would draw the same numbers. Not
+ * cryptographic (sfc32 seeded from the clocks, the rank and the class).
+ */
+function reseedRandom(salt) {
+  let h = 0x9e3779b9 ^ salt.length;
+  const mix = (x) => {
+    h = Math.imul(h ^ (x >>> 0), 0x85ebca6b);
+    h ^= h >>> 13;
+    h = Math.imul(h, 0xc2b2ae35);
+    h ^= h >>> 16;
+    return h >>> 0;
+  };
+  const t = performance.now();
+  const d = Date.now();
+  for (const x of [d % 4294967296, d / 4294967296, t * 1000000, t * 1000, t]) mix(Math.floor(x));
+  for (let i = 0; i < salt.length; i++) mix(salt.charCodeAt(i));
+  let a = mix(1), b = mix(2), c = mix(3), n = mix(4);
+  Math.random = function random() {
+    const r = (((a + b) >>> 0) + n) >>> 0;
+    n = (n + 1) >>> 0;
+    a = b ^ (b >>> 9);
+    b = (c + (c << 3)) >>> 0;
+    c = ((c << 21) | (c >>> 11)) >>> 0;
+    c = (c + r) >>> 0;
+    return r / 4294967296;
+  };
+  for (let i = 0; i < 12; i++) Math.random();
+}
+
 // ------------------------------------------------------------------ actors
 
 /** The base class of actor classes. List endpoints in `static endpoints`. */
@@ -131,13 +165,14 @@ function classNameOf(cls) {
 }
 
 /**
- * Called by the entry module that build.mjs writes: registers the
- * program's exported `main` and actor classes.
+ * Called by the entry module that build.mjs writes, once per module of the
+ * program: registers the actor classes it exports and, for the program's
+ * own module (`isMain`), its exported `main`.
  */
-export function __install(app) {
-  for (const [key, value] of Object.entries(app)) {
+export function __install(module, isMain) {
+  for (const [key, value] of Object.entries(module)) {
     if (typeof value === "function" && value.prototype instanceof Actor) register(value);
-    else if (key === "main" && typeof value === "function") programMain = value;
+    else if (isMain && key === "main" && typeof value === "function") programMain = value;
   }
 }
 
@@ -588,6 +623,7 @@ function describeThrown(e) {
 
 /** The WIT export `run`: the controller calls the program's `main(args)`. */
 export function run(args) {
+  reseedRandom("controller");
   if (!programMain) {
     throw "this program exports no `main` function (export function main(args) { ... } in the module given to build.mjs)";
   }
@@ -612,6 +648,7 @@ export const actorClass = {
       throw `this program has no actor class \`${className}\`; it has: ${known.length ? known.join(", ") : "none"} (export actor classes from the program's module, or register them)`;
     }
     context = { rank, extent: new Extent(extent), className };
+    reseedRandom(`${className}[${rank}]`);
     try {
       const { args, kwargs: kw } = decodeArgs(init, { tags: VALUE_TAGS });
       if (kw) args.push(kw);

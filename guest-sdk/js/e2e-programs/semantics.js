@@ -3,9 +3,10 @@
 // keyword arguments, choose and the concat reducer, BigInts, errors of
 // every origin (an unknown endpoint, a thrown string, an unsendable reply,
 // a Python pickle, a failing constructor, an unknown class), an actor that
-// supervises what it spawned, sleep and get(timeout), console.log in an
-// actor. Prints one `ok - ...` line per check; any other outcome fails the
-// run. `bench N` instead times N callOne round trips.
+// supervises what it spawned, sleep and get(timeout), console.log and
+// Math.random in actors, and an actor class exported by another module
+// (relay.js). Prints one `ok - ...` line per check; any other outcome
+// fails the run. `bench N` instead times N callOne round trips.
 
 import mesh from "monarch:host/mesh@0.2.0";
 import {
@@ -25,6 +26,7 @@ import {
   thisHost,
 } from "monarch";
 import { check, expectError } from "./checks.js";
+import { Relay } from "./relay.js";
 
 export class Echo extends Actor {
   static endpoints = ["echo", "whoami", "args", "fail", "failText", "unsendable", "slow", "speak"];
@@ -40,7 +42,7 @@ export class Echo extends Actor {
   }
 
   whoami() {
-    return { label: this.label, rank: currentRank(), size: currentSize(), point: currentPoint().coords, options: this.options };
+    return { label: this.label, rank: currentRank(), size: currentSize(), point: currentPoint().coords, options: this.options, random: Math.random() };
   }
 
   args(...all) {
@@ -70,34 +72,6 @@ export class Echo extends Actor {
   }
 }
 
-/** Calls the mesh it is given: a wait for replies inside a handler. */
-export class Relay extends Actor {
-  static endpoints = ["relay", "spawnAndCrash", "seen"];
-
-  relay(target, value) {
-    const replies = target.echo.call(value).get();
-    return replies.values().map((v) => `${currentRank()}<-${v}`);
-  }
-
-  /** Spawns children and breaks one; `supervise` below decides what that means for this actor. */
-  spawnAndCrash(handle) {
-    this.handles = handle;
-    const procs = thisHost().spawnProcs({ kids: 2 });
-    const kids = procs.spawn("kids", Echo, "kid");
-    kids.slice({ kids: 1 }).fail.broadcast();
-    return "spawned";
-  }
-
-  seen() {
-    return this.lastFailure ?? null;
-  }
-
-  supervise(failure) {
-    this.lastFailure = `${failure.mesh}[${failure.rank}] ${failure.kind}`;
-    return this.handles;
-  }
-}
-
 export class BadInit extends Actor {
   static endpoints = [];
   constructor() {
@@ -118,6 +92,7 @@ function semantics() {
   const who = echo.whoami.call().get();
   check("init args and kwargs reach the constructor", who[1].label === "e" && who[1].options.verbose === true);
   check("currentRank/currentSize/currentPoint in actors", who[1].rank === 1 && who[1].size === 2 && who[1].point.procs === 1);
+  check("Math.random differs between actors", who[0].random !== who[1].random && who[0].random >= 0 && who[0].random < 1);
 
   const big = 2n ** 60n + 1n;
   const value = { n: 1, f: 2.5, s: "ü€😀", b: new Uint8Array([1, 2]), a: [null, true], big, neg: -(2n ** 63n) };

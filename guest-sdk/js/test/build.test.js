@@ -64,7 +64,18 @@ test("the program, its modules and the SDK are laid out, with `monarch` pointed 
   );
   assert.equal(files["src/app.js"], 'import { Actor } from "../__monarch__/monarch.js";\nimport { helper } from "../lib/util.js";\nexport function main() { helper(); }\n');
   assert.equal(files["lib/util.js"], "import * as m from '../__monarch__/monarch.js';\nexport { Actor } from \"../__monarch__/monarch.js\";\nexport function helper() {}\n");
-  assert.match(files["__monarch_entry__.js"], /import \* as app from "\.\/src\/app\.js";\n.*__install\(app\);\nexport \{ run, actorClass \} from "\.\/__monarch__\/monarch\.js";/s);
+  assert.equal(
+    files["__monarch_entry__.js"],
+    [
+      'import { __install } from "./__monarch__/monarch.js";',
+      'import * as app from "./src/app.js";',
+      'import * as module0 from "./lib/util.js";',
+      "__install(app, true);",
+      "__install(module0, false);",
+      'export { run, actorClass } from "./__monarch__/monarch.js";',
+      "",
+    ].join("\n"),
+  );
 });
 
 test("a syntax error names the user's file and line, before jco runs", () => {
