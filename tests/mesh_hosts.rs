@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hyperactor_mesh::agent::MeshEvent;
+use hyperactor_mesh::cbor;
 use hyperactor_mesh::client::{ActorSpec, MeshClient};
 use hyperactor_mesh::remote::{Liveness, RemoteAllocator};
 use hyperactor_mesh::{CastMode, CastTarget, Caster, Outcome, RankError, Reducer};
@@ -323,8 +324,8 @@ async fn remote_kills_crashes_and_ordered_casts() {
             _ => {}
         }
     }
-    assert_eq!(results[&count], vec![10_000i64.to_le_bytes().to_vec()]);
-    assert_eq!(results[&check], vec![0i64.to_le_bytes().to_vec()]);
+    assert_eq!(results[&count], vec![cbor::int(10_000)]);
+    assert_eq!(results[&check], vec![cbor::int(0)]);
 }
 
 /// `monarch-host run --hosts` runs a program on procs that agents start.

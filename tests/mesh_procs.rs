@@ -79,8 +79,9 @@ async fn next(mesh: &mut Mesh, caster: &mut Caster) -> Outcome {
     next_outcome(&mut mesh.events, caster, TIMEOUT).await
 }
 
+/// A reply number as the echo actor writes it: a CBOR integer.
 fn int(v: i64) -> Vec<u8> {
-    v.to_le_bytes().to_vec()
+    hyperactor_mesh::cbor::int(v)
 }
 
 /// The reason the proc stopped, from the client's events.

@@ -40,9 +40,12 @@ use crate::{Extent, block_on, codec};
 /// }
 /// ```
 ///
-/// Messages and replies travel in the SDK's [encoding](crate::codec). A
-/// reply of type `i64` or `f64` is what the host's numeric reducers read
-/// (see [`ActorMesh::sum_i64`](crate::ActorMesh::sum_i64) and friends).
+/// Messages and replies travel in the [encoding](crate::codec) every SDK
+/// shares: a message as an argument list of one element, so that a program
+/// in another language calls the endpoint with the message's fields (or
+/// the newtype's value) as its arguments. A reply of type `i64` or `f64` is
+/// what the host's numeric reducers read (see
+/// [`ActorMesh::sum_i64`](crate::ActorMesh::sum_i64) and friends).
 pub trait Message: Serialize + DeserializeOwned + 'static {
     /// The endpoint's name: the string that travels with the message.
     const ENDPOINT: &'static str;
@@ -213,7 +216,7 @@ fn handle_encoded<A: Handler<M>, M: Message>(
     cx: &Context,
     bytes: &[u8],
 ) -> Result<Vec<u8>, EndpointError> {
-    let message: M = codec::decode(bytes)
+    let message: M = codec::decode_args(bytes)
         .map_err(|e| format!("endpoint `{}` cannot decode its message: {e}", M::ENDPOINT))?;
     let reply = block_on(actor.handle(cx, message))?;
     codec::encode(&reply)
@@ -317,9 +320,9 @@ mod tests {
         let cx = Context::new("Counter", 3, extent!(hosts = 2, gpus = 2));
         let mut counter = Counter(10);
         let add = |counter: &mut Counter, n: i64| {
-            endpoints.dispatch(counter, &cx, "add", &codec::encode(&Add(n)).unwrap())
+            endpoints.dispatch(counter, &cx, "add", &codec::encode_args(&Add(n)).unwrap())
         };
-        assert_eq!(add(&mut counter, 5), Ok(15i64.to_le_bytes().to_vec()));
+        assert_eq!(add(&mut counter, 5), Ok(vec![0x0f]), "15, a CBOR integer");
         assert_eq!(
             add(&mut counter, -1),
             Err(EndpointError::new("cannot add -1").with_type("ValueError"))
@@ -328,7 +331,12 @@ mod tests {
             counter.0, 15,
             "an endpoint error leaves the state as it was"
         );
-        let reply = endpoints.dispatch(&mut counter, &cx, "where", &codec::encode(&Where).unwrap());
+        let reply = endpoints.dispatch(
+            &mut counter,
+            &cx,
+            "where",
+            &codec::encode_args(&Where).unwrap(),
+        );
         assert_eq!(
             codec::decode::<(u32, Vec<u32>)>(&reply.unwrap()),
             Ok((3, vec![1, 1]))

@@ -283,14 +283,18 @@ mod tests {
 
     #[test]
     fn reducer_replies_decode_as_the_reducer_writes_them() {
-        let sum = Ok(wit::Reply::Single(42i64.to_le_bytes().to_vec()));
+        // A CBOR integer (shortest head) for the i64 reducers.
+        let sum = Ok(wit::Reply::Single(vec![0x18, 42]));
         assert_eq!(decode_single::<i64>(sum), Ok(42));
-        let max = Ok(wit::Reply::Single(2.5f64.to_le_bytes().to_vec()));
-        assert_eq!(decode_single::<f64>(max), Ok(2.5));
-        let joined: Vec<u8> = [3i64, 4].iter().flat_map(|v| v.to_le_bytes()).collect();
+        // A 64-bit CBOR float for the f64 reducers.
+        let mut max = vec![0xfb];
+        max.extend(2.5f64.to_be_bytes());
+        assert_eq!(decode_single::<f64>(Ok(wit::Reply::Single(max))), Ok(2.5));
+        // `concat`: a CBOR sequence, one value per rank.
+        let joined = vec![0x03, 0x24];
         assert_eq!(
             decode_concat::<i64>(Ok(wit::Reply::Single(joined))),
-            Ok(vec![3, 4])
+            Ok(vec![3, -5])
         );
     }
 

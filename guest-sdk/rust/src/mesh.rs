@@ -255,7 +255,7 @@ impl ProcMesh {
     /// failures.
     pub fn spawn<A: Actor>(&self, name: &str, init: &A::Init) -> Result<ActorMesh<A>, MeshError> {
         let what = || format!("spawning `{name}` (class {})", A::CLASS);
-        let init = codec::encode(init).map_err(|e| MeshError::new(what(), e.to_string()))?;
+        let init = codec::encode_args(init).map_err(|e| MeshError::new(what(), e.to_string()))?;
         self.raw
             .spawn(name, A::CLASS, &init)
             .map(ActorMesh::from_raw)
@@ -315,7 +315,7 @@ impl ProcMesh {
             }
             what + ")"
         };
-        let init = codec::encode(init).map_err(|e| MeshError::new(what(), e.to_string()))?;
+        let init = codec::encode_args(init).map_err(|e| MeshError::new(what(), e.to_string()))?;
         self.raw
             .spawn_with(name, A::CLASS, &init, &wit::SpawnOptions::from(&options))
             .map(ActorMesh::from_raw)
@@ -367,8 +367,10 @@ impl fmt::Debug for ProcMesh {
 
 /// A host-native reducer: how the host combines the replies of a `call`.
 ///
-/// The numeric ones read every reply as one little-endian `i64` or `f64`,
-/// which is how the SDK encodes a reply of exactly that type.
+/// The numeric ones read every reply as one number (a CBOR integer for the
+/// `i64` ones; a float or an integer for the `f64` ones, see
+/// `wit/ENCODING.md`), which is how the SDK encodes a reply of type `i64`
+/// or `f64`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Reducer {
     /// Sum of `i64` replies.
@@ -383,7 +385,7 @@ pub enum Reducer {
     MinF64,
     /// Maximum of `f64` replies.
     MaxF64,
-    /// The replies' bytes joined in rank order.
+    /// The replies joined in rank order: a CBOR sequence.
     Concat,
 }
 
@@ -625,9 +627,8 @@ impl<A: Actor> ActorMesh<A> {
     }
 
     /// Calls `M`'s endpoint on every actor; the host joins the replies in
-    /// rank order. Cheaper than [`call`](Self::call) for many small replies;
-    /// a reply type that encodes as no bytes (like `()`) cannot be split
-    /// back apart.
+    /// rank order. Cheaper than [`call`](Self::call) for many small
+    /// replies.
     pub fn concat<M: Message>(&self, message: &M) -> Call<Vec<M::Reply>>
     where
         A: Handler<M>,
@@ -730,24 +731,24 @@ impl<A: Actor> ActorMesh<A> {
     /// actor of this program.
     pub fn to_ref(&self) -> MeshRef<A> {
         MeshRef {
-            class: A::CLASS.to_string(),
             reference: self.raw.to_ref(),
             actor: PhantomData,
         }
     }
 
-    /// The mesh a reference names.
+    /// The mesh a reference names. The reference does not say the class
+    /// of its actors: a reference to a mesh of another class resolves, and
+    /// its calls fail at the actors (no such endpoint, a message that does
+    /// not decode).
     pub fn from_ref(reference: &MeshRef<A>) -> Result<Self, MeshError> {
-        let what = || format!("resolving a reference to a mesh of {}", A::CLASS);
-        if reference.class != A::CLASS {
-            return Err(MeshError::new(
-                what(),
-                format!("the reference names a mesh of {}", reference.class),
-            ));
-        }
         wit_mesh::ActorMesh::from_ref(&reference.reference)
             .map(Self::from_raw)
-            .map_err(|e| MeshError::new(what(), e))
+            .map_err(|e| {
+                MeshError::new(
+                    format!("resolving a reference to a mesh of {}", A::CLASS),
+                    e,
+                )
+            })
     }
 
     /// Stops the actors: requests to them fail at once with kind
@@ -759,7 +760,7 @@ impl<A: Actor> ActorMesh<A> {
 }
 
 fn encode_message<M: Message>(message: &M) -> Result<Vec<u8>, CallError> {
-    codec::encode(message).map_err(|e| {
+    codec::encode_args(message).map_err(|e| {
         CallError::invalid(format!(
             "cannot encode the message for `{}`: {e}",
             M::ENDPOINT
@@ -771,12 +772,12 @@ fn encode_message<M: Message>(message: &M) -> Result<Vec<u8>, CallError> {
 /// field of this type in a message or init value hands a mesh to another
 /// actor. Get one with [`ActorMesh::to_ref`]; resolve it with
 /// [`ActorMesh::from_ref`] or [`MeshRef::resolve`].
-#[derive(Serialize, Deserialize)]
-#[serde(bound = "")]
+///
+/// It travels as tag 40100 over the bytes of the WIT's `actor-mesh.to-ref`
+/// (`wit/ENCODING.md`), as the other SDKs write mesh references, so a
+/// Python or JavaScript program may hand one to a Rust actor and back.
 pub struct MeshRef<A> {
-    class: String,
     reference: Vec<u8>,
-    #[serde(skip)]
     actor: PhantomData<fn() -> A>,
 }
 
@@ -787,10 +788,24 @@ impl<A: Actor> MeshRef<A> {
     }
 }
 
+impl<A> Serialize for MeshRef<A> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        codec::serialize_tagged(codec::TAGGED_MESH, &self.reference, serializer)
+    }
+}
+
+impl<'de, A> Deserialize<'de> for MeshRef<A> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(Self {
+            reference: codec::deserialize_tagged(codec::TAGGED_MESH, deserializer)?,
+            actor: PhantomData,
+        })
+    }
+}
+
 impl<A> Clone for MeshRef<A> {
     fn clone(&self) -> Self {
         Self {
-            class: self.class.clone(),
             reference: self.reference.clone(),
             actor: PhantomData,
         }
@@ -800,7 +815,6 @@ impl<A> Clone for MeshRef<A> {
 impl<A> fmt::Debug for MeshRef<A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MeshRef")
-            .field("class", &self.class)
             .field("bytes", &self.reference.len())
             .finish()
     }

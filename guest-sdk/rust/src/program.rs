@@ -93,7 +93,7 @@ impl<A: Actor> HostedActor for Hosted<A> {
 }
 
 fn create_hosted<A: Actor>(init: &[u8], cx: Context) -> Result<Box<dyn HostedActor>, String> {
-    let init: A::Init = codec::decode(init).map_err(|e| {
+    let init: A::Init = codec::decode_args(init).map_err(|e| {
         format!(
             "actor class `{}` cannot decode its init value: {e}",
             A::CLASS
@@ -284,12 +284,12 @@ mod tests {
 
     #[test]
     fn create_then_handle_reaches_the_actor_of_that_class() {
-        let init = codec::encode(&"hello".to_string()).unwrap();
+        let init = codec::encode_args(&"hello".to_string()).unwrap();
         assert_eq!(
             Exports::create("Greeter".into(), init, 2, wit_extent()),
             Ok(())
         );
-        let reply = Exports::handle("hello".into(), codec::encode(&Hello).unwrap()).unwrap();
+        let reply = Exports::handle("hello".into(), codec::encode_args(&Hello).unwrap()).unwrap();
         assert_eq!(
             codec::decode::<String>(&reply).unwrap(),
             "hello from rank 2 of 4"
@@ -320,7 +320,7 @@ mod tests {
 
     #[test]
     fn create_reports_the_actors_own_error_and_a_bad_init() {
-        let empty = codec::encode(&String::new()).unwrap();
+        let empty = codec::encode_args(&String::new()).unwrap();
         let err = Exports::create("Greeter".into(), empty, 0, wit_extent()).unwrap_err();
         assert_eq!(err, "a greeting cannot be empty");
         let err = Exports::create("Greeter".into(), vec![9], 0, wit_extent()).unwrap_err();
@@ -329,7 +329,7 @@ mod tests {
 
     #[test]
     fn create_runs_once_per_instance() {
-        let init = || codec::encode(&"hi".to_string()).unwrap();
+        let init = || codec::encode_args(&"hi".to_string()).unwrap();
         assert_eq!(
             Exports::create("Greeter".into(), init(), 0, wit_extent()),
             Ok(())

@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::bindings::monarch::host::rdma as wit;
 use crate::call::{Call, decode_raw, decode_unit};
-use crate::{MeshError, ProcMesh};
+use crate::{MeshError, ProcMesh, codec};
 
 /// A buffer on a proc. Clones are handles to the same buffer.
 #[derive(Clone)]
@@ -51,9 +51,22 @@ impl fmt::Debug for Buffer {
 }
 
 /// A reference to a [`Buffer`] that travels inside a message; turn it back
-/// into a buffer with [`Buffer::from_ref`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// into a buffer with [`Buffer::from_ref`]. It travels as tag 40101 over
+/// the bytes of the WIT's `buffer.to-ref` (`wit/ENCODING.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BufferRef(pub Vec<u8>);
+
+impl Serialize for BufferRef {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        codec::serialize_tagged(codec::TAGGED_BUFFER, &self.0, serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for BufferRef {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        codec::deserialize_tagged(codec::TAGGED_BUFFER, deserializer).map(BufferRef)
+    }
+}
 
 impl Buffer {
     /// `size` zeroed bytes on the proc at `rank` of `procs`.

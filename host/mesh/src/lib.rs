@@ -19,6 +19,7 @@
 pub mod agent;
 pub mod alloc;
 pub mod cast;
+pub mod cbor;
 pub mod client;
 pub mod comm;
 pub mod fault;

@@ -7,16 +7,25 @@
 //! whatever the size of the mesh.
 //!
 //! - RD-1: a scalar numeric reducer (`sum-i64` .. `max-f64`) reads each
-//!   reply as one little-endian i64 or f64; a reply of another length is an
-//!   `Invalid` error for its rank.
+//!   reply as one CBOR number, as every SDK encodes replies
+//!   (`wit/ENCODING.md`; [`crate::cbor`]): the `i64` ones an integer in the
+//!   i64 range, written back as an integer with the shortest head; the
+//!   `f64` ones a float of 16, 32 or 64 bits or an integer, written back as
+//!   a 64-bit float. A reply that is anything else, or holds more than the
+//!   number, is an `Invalid` error for its rank that says what it held.
+//!   Between hops the running value travels as the i64's or f64's
+//!   little-endian bytes ([`Values::Word`]); only the final result is
+//!   CBOR.
 //! - RD-2: a partial keeps only the error of the lowest rank; once it holds
 //!   an error it drops its values, since the call fails anyway.
 //! - RD-3: gathered values come out in rank order, whatever order the
 //!   partials were merged in; `concat` joins them in that order.
 //! - RD-4: integer sums wrap; float sums may differ in the last bits with
 //!   the shape of the tree, as float addition is not associative.
-//! - RD-5: an elementwise reducer (`sum-f32s`, `sum-f64s`, `sum-i64s`)
-//!   reads each reply as a little-endian array of its element type and
+//! - RD-5: an elementwise reducer (`sum-f32s`, `sum-f64s`, `sum-i64s`),
+//!   which the host uses for tensors and the WIT does not offer, reads
+//!   each reply as a raw little-endian array of its element type (not
+//!   CBOR) and
 //!   sums the arrays element by element (integers wrapping, floats in their
 //!   own precision: f32 arrays add in f32). A reply that is not a whole
 //!   number of elements, or whose length differs from the replies folded
@@ -28,22 +37,24 @@
 //!   (A node that is not a leaf keeps its subtree's sum until the cast's
 //!   timeout, to answer a new parent after a death: CA-3.)
 
+use crate::cbor::{self, Number};
+
 /// A host-native reducer for the replies of a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub enum Reducer {
-    /// Wrapping sum of little-endian i64s.
+    /// Wrapping sum of CBOR integers in the i64 range (RD-1).
     SumI64,
-    /// Minimum of little-endian i64s.
+    /// Minimum of CBOR integers in the i64 range.
     MinI64,
-    /// Maximum of little-endian i64s.
+    /// Maximum of CBOR integers in the i64 range.
     MaxI64,
-    /// Sum of little-endian f64s.
+    /// Sum of CBOR numbers, as f64s.
     SumF64,
-    /// Minimum of little-endian f64s.
+    /// Minimum of CBOR numbers, as f64s.
     MinF64,
-    /// Maximum of little-endian f64s.
+    /// Maximum of CBOR numbers, as f64s.
     MaxF64,
-    /// The replies joined in rank order.
+    /// The replies joined in rank order (a CBOR sequence of the replies).
     Concat,
     /// Elementwise sum of equally long little-endian f32 arrays (RD-5).
     SumF32s,
@@ -129,6 +140,33 @@ impl Reducer {
         }
     }
 
+    /// Whether a scalar reducer reads integers (the `i64` ones).
+    fn reads_integers(self) -> bool {
+        matches!(self, Reducer::SumI64 | Reducer::MinI64 | Reducer::MaxI64)
+    }
+
+    /// Reads one reply of a scalar reducer as the word the partials fold
+    /// (RD-1). The error says what the reply held instead.
+    fn read_word(self, reply: &[u8]) -> Result<[u8; 8], String> {
+        match (self.reads_integers(), cbor::read_number(reply)?) {
+            (true, Number::Int(n)) => i64::try_from(n)
+                .map(i64::to_le_bytes)
+                .map_err(|_| format!("the integer {n}, outside the i64 range")),
+            (true, Number::Float(x)) => Err(format!("the float {x:?}")),
+            (false, Number::Int(n)) => Ok((n as f64).to_le_bytes()),
+            (false, Number::Float(x)) => Ok(x.to_le_bytes()),
+        }
+    }
+
+    /// The final result of a scalar reducer: its word as a CBOR number.
+    fn write_word(self, word: [u8; 8]) -> Vec<u8> {
+        if self.reads_integers() {
+            cbor::int(i64::from_le_bytes(word))
+        } else {
+            cbor::float(f64::from_le_bytes(word))
+        }
+    }
+
     fn combine(self, a: [u8; 8], b: [u8; 8]) -> [u8; 8] {
         let (i, j) = (i64::from_le_bytes(a), i64::from_le_bytes(b));
         let (x, y) = (f64::from_le_bytes(a), f64::from_le_bytes(b));
@@ -183,7 +221,8 @@ pub enum Values {
     None,
     /// Replies by rank, for gathering and `concat`.
     Gathered(Vec<(u32, Vec<u8>)>),
-    /// The running value of a numeric reducer; `None` until a reply came.
+    /// The running value of a numeric reducer, as the little-endian bytes
+    /// of an i64 or f64 (RD-1); `None` until a reply came.
     Word(Option<[u8; 8]>),
     /// The running sum of an elementwise reducer (RD-5), with the lowest
     /// rank folded into it; `None` until a reply came.
@@ -239,13 +278,20 @@ impl Partial {
             Values::Gathered(values) => values.push((rank, bytes)),
             Values::Word(word) => {
                 let Fold::Reduce(reducer) = fold else { return };
-                let Ok(value) = <[u8; 8]>::try_from(bytes.as_slice()) else {
-                    let reason = format!(
-                        "rank {rank} replied {} bytes; {} needs 8",
-                        bytes.len(),
-                        reducer.name()
-                    );
-                    return self.fail(rank, RankError::Invalid(reason));
+                let value = match reducer.read_word(&bytes) {
+                    Ok(value) => value,
+                    Err(found) => {
+                        let needs = if reducer.reads_integers() {
+                            "a CBOR integer in the i64 range"
+                        } else {
+                            "a CBOR float or integer"
+                        };
+                        let reason = format!(
+                            "rank {rank} replied {found}; {} needs {needs} (wit/ENCODING.md)",
+                            reducer.name()
+                        );
+                        return self.fail(rank, RankError::Invalid(reason));
+                    }
                 };
                 *word = Some(match *word {
                     Some(acc) => reducer.combine(acc, value),
@@ -369,7 +415,10 @@ impl Partial {
                     _ => values.collect(),
                 })
             }
-            Values::Word(Some(word)) => Ok(vec![word.to_vec()]),
+            Values::Word(Some(word)) => Ok(vec![match fold {
+                Fold::Reduce(reducer) => reducer.write_word(word),
+                _ => word.to_vec(),
+            }]),
             Values::Elements(Some((_, sum))) => Ok(vec![sum]),
             Values::Word(None) | Values::Elements(None) => Err((
                 0,
@@ -384,31 +433,74 @@ mod tests {
     use super::*;
 
     fn int(v: i64) -> Result<Vec<u8>, RankError> {
-        Ok(v.to_le_bytes().to_vec())
+        Ok(cbor::int(v))
     }
 
     #[test]
-    fn rd1_numeric_reducers_read_words_and_refuse_other_lengths() {
+    fn rd1_numeric_reducers_read_cbor_numbers_and_refuse_anything_else() {
         let fold = Fold::Reduce(Reducer::SumI64);
         let mut p = Partial::new(fold);
         for rank in 0..10 {
-            p.add(fold, rank, int(rank as i64));
+            p.add(fold, rank, int(rank as i64 * 100));
         }
-        assert_eq!(
-            p.clone().finish(fold).unwrap(),
-            vec![45i64.to_le_bytes().to_vec()]
-        );
-        p.add(fold, 3, Ok(vec![1, 2, 3]));
+        assert_eq!(p.clone().finish(fold).unwrap(), vec![cbor::int(4500)]);
+        assert_eq!(cbor::int(4500), [0x19, 0x11, 0x94], "the shortest head");
+        p.add(fold, 3, Ok(vec![0x61, b'a']));
         let (rank, error) = p.finish(fold).unwrap_err();
         assert_eq!(rank, 3);
-        assert!(error.to_string().contains("replied 3 bytes"), "{error}");
+        assert!(matches!(error, RankError::Invalid(_)));
+        assert_eq!(
+            error.to_string(),
+            "rank 3 replied text; sum-i64 needs a CBOR integer in the i64 range (wit/ENCODING.md)"
+        );
 
+        // Integers outside the i64 range, floats, and the old 8
+        // little-endian bytes are refused by the i64 reducers.
+        for (reply, found) in [
+            (
+                vec![0x1b, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff],
+                "the integer 18446744073709551615, outside the i64 range",
+            ),
+            (cbor::float(2.0), "the float 2.0"),
+            (
+                7i64.to_le_bytes().to_vec(),
+                "a number followed by 7 more bytes",
+            ),
+            (vec![], "no bytes"),
+        ] {
+            let fold = Fold::Reduce(Reducer::MinI64);
+            let mut p = Partial::new(fold);
+            p.add(fold, 0, int(1));
+            p.add(fold, 1, Ok(reply));
+            let (rank, error) = p.finish(fold).unwrap_err();
+            assert_eq!(rank, 1);
+            assert!(
+                error.to_string().contains(&format!("replied {found};")),
+                "{error}"
+            );
+        }
+
+        // The f64 reducers read floats of every width, and integers.
         let fold = Fold::Reduce(Reducer::MaxF64);
         let mut p = Partial::new(fold);
-        for (rank, x) in [1.5f64, -2.0, 7.25].into_iter().enumerate() {
-            p.add(fold, rank as u32, Ok(x.to_le_bytes().to_vec()));
-        }
-        assert_eq!(p.finish(fold).unwrap()[0], 7.25f64.to_le_bytes().to_vec());
+        p.add(fold, 0, Ok(cbor::float(1.5)));
+        p.add(fold, 1, Ok(vec![0xf9, 0x3e, 0x00])); // f16 1.5
+        p.add(fold, 2, Ok(vec![0xfa, 0x40, 0xe8, 0x00, 0x00])); // f32 7.25
+        p.add(fold, 3, int(-2));
+        assert_eq!(p.finish(fold).unwrap(), vec![cbor::float(7.25)]);
+        let fold = Fold::Reduce(Reducer::SumF64);
+        let mut p = Partial::new(fold);
+        p.add(fold, 0, int(2));
+        p.add(fold, 1, int(3));
+        assert_eq!(p.clone().finish(fold).unwrap(), vec![cbor::float(5.0)]);
+        p.add(fold, 2, Ok(vec![0xf6]));
+        let (_, error) = p.finish(fold).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("replied null; sum-f64 needs a CBOR float or integer"),
+            "{error}"
+        );
     }
 
     #[test]
@@ -444,10 +536,7 @@ mod tests {
         let mut right = Partial::new(fold);
         right.add(fold, 1, int(1));
         left.merge(fold, right);
-        assert_eq!(
-            left.finish(fold).unwrap()[0],
-            i64::MIN.to_le_bytes().to_vec()
-        );
+        assert_eq!(left.finish(fold).unwrap()[0], cbor::int(i64::MIN));
         let empty = Partial::new(fold);
         assert!(matches!(
             empty.finish(fold),

@@ -1,13 +1,17 @@
 //! A mesh actor for tests, demos and benchmarks, and the registry that
 //! spawns it (kind `echo`).
 //!
-//! Endpoints: `echo` replies with the message; `rank` with the rank as a
-//! little-endian i64; `fail` replies with an endpoint error; `sleep` waits
-//! the message's milliseconds (an LE u64) first; `seq` checks that the
-//! LE u64 numbers it gets count up from 0 and replies with how many came
-//! out of order; `count` replies with the next number `seq` expects;
-//! `exit` ends the whole process with the message's code (an LE u64),
-//! `abort` and `segfault` end it by a signal.
+//! Endpoints: `echo` replies with the message; `rank` with the rank;
+//! `fail` replies with an endpoint error; `sleep` waits the message's
+//! milliseconds first; `seq` checks that the numbers it gets count up from
+//! 0 and replies with how many came out of order; `count` replies with the
+//! next number `seq` expects; `exit` ends the whole process with the
+//! message's code, `abort` and `segfault` end it by a signal.
+//!
+//! Numbers in replies are CBOR integers, as the SDKs encode them
+//! (`wit/ENCODING.md`), so the host's reducers read them (RD-1). Numbers in
+//! messages are 8 little-endian bytes: only host tests and benchmarks call
+//! this actor, never a program.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,6 +19,7 @@ use std::sync::Arc;
 use hyperactor::{Actor, Context, Exports, Handler};
 
 use crate::agent::{Registry, SpawnArgs, SpawnedActor};
+use crate::cbor;
 use crate::comm::MeshCall;
 
 /// See the module docs.
@@ -42,7 +47,7 @@ impl Handler<MeshCall> for EchoMeshActor {
     async fn handle(&mut self, cx: &Context<Self>, call: MeshCall) -> anyhow::Result<()> {
         let reply = match call.endpoint.as_str() {
             "echo" => Ok(call.message),
-            "rank" => Ok((self.rank as i64).to_le_bytes().to_vec()),
+            "rank" => Ok(cbor::int(self.rank.into())),
             "fail" => Err(format!("rank {} refuses", self.rank)),
             "sleep" => {
                 tokio::time::sleep(std::time::Duration::from_millis(word(&call.message))).await;
@@ -54,9 +59,9 @@ impl Handler<MeshCall> for EchoMeshActor {
                     self.out_of_order += 1;
                 }
                 self.next_seq = n + 1;
-                Ok(self.out_of_order.to_le_bytes().to_vec())
+                Ok(cbor::int(self.out_of_order as i64))
             }
-            "count" => Ok(self.next_seq.to_le_bytes().to_vec()),
+            "count" => Ok(cbor::int(self.next_seq as i64)),
             "exit" => std::process::exit(word(&call.message) as i32),
             "abort" => std::process::abort(),
             "segfault" => {
@@ -167,7 +172,7 @@ mod tests {
             caster.next().await,
             Some(Outcome::Done {
                 seq,
-                result: Ok(vec![((n * (n - 1) / 2) as i64).to_le_bytes().to_vec()])
+                result: Ok(vec![cbor::int((n * (n - 1) / 2) as i64)])
             })
         );
         let seq = caster.cast(
@@ -184,11 +189,13 @@ mod tests {
             panic!("no gather")
         };
         let _ = seq;
-        let ranks: Vec<i64> = values
-            .iter()
-            .map(|v| i64::from_le_bytes(v[..8].try_into().unwrap()))
-            .collect();
-        assert_eq!(ranks, (0..n as i64).collect::<Vec<_>>());
+        let ranks: Vec<_> = values.iter().map(|v| cbor::read_number(v)).collect();
+        assert_eq!(
+            ranks,
+            (0..n as i128)
+                .map(|r| Ok(cbor::Number::Int(r)))
+                .collect::<Vec<_>>()
+        );
         assert!(caster.is_idle());
     }
 
@@ -231,11 +238,7 @@ mod tests {
         loop {
             match caster.next().await {
                 Some(Outcome::Done { seq: s, result }) if s == seq => {
-                    assert_eq!(
-                        result.unwrap()[0],
-                        0i64.to_le_bytes().to_vec(),
-                        "out-of-order deliveries"
-                    );
+                    assert_eq!(result.unwrap()[0], cbor::int(0), "out-of-order deliveries");
                     break;
                 }
                 Some(Outcome::Failed { error, .. }) => panic!("broadcast failed: {error}"),
@@ -265,7 +268,7 @@ mod tests {
                     result,
                 } => {
                     assert_eq!(s, seq);
-                    assert_eq!(result.unwrap(), (rank as i64).to_le_bytes().to_vec());
+                    assert_eq!(result.unwrap(), cbor::int(rank.into()));
                     seen.push(rank);
                 }
                 Outcome::End { seq: s } => {
