@@ -87,178 +87,204 @@ export function kwargs(keywords) {
 }
 
 // ---------------------------------------------------------------- writing
+//
+// One buffer for every encode (QuickJS pays for each allocation and each
+// method call, so the writer is plain functions over module state); a
+// nested encode (from an object's own encode hook) gets a buffer of its own.
 
 const TWO_32 = 4294967296;
 const MAX_U64 = 18446744073709551615n;
+const F64 = new Float64Array(1);
+const F64_BYTES = new Uint8Array(F64.buffer);
+const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
 
-class Writer {
-  constructor() {
-    this.buf = new Uint8Array(64);
-    this.len = 0;
+let out = new Uint8Array(256);
+let pos = 0;
+let busy = false;
+
+function grow(n) {
+  if (pos + n <= out.length) return;
+  let size = out.length * 2;
+  while (size < pos + n) size *= 2;
+  const grown = new Uint8Array(size);
+  grown.set(out.subarray(0, pos));
+  out = grown;
+}
+
+/** A head: major type and argument (a Number below 2^53, or a BigInt). */
+function head(major, n) {
+  grow(9);
+  const m = major << 5;
+  if (typeof n === "bigint") {
+    if (n < 9007199254740992n) return head(major, Number(n));
+    out[pos++] = m | 27;
+    for (let shift = 56n; shift >= 0n; shift -= 8n) out[pos++] = Number((n >> shift) & 0xffn);
+  } else if (n < 24) {
+    out[pos++] = m | n;
+  } else if (n < 0x100) {
+    out[pos++] = m | 24;
+    out[pos++] = n;
+  } else if (n < 0x10000) {
+    out[pos++] = m | 25;
+    out[pos++] = n >>> 8;
+    out[pos++] = n & 0xff;
+  } else if (n < TWO_32) {
+    out[pos++] = m | 26;
+    writeU32(n);
+  } else {
+    out[pos++] = m | 27;
+    writeU32(Math.floor(n / TWO_32));
+    writeU32(n % TWO_32);
   }
+}
 
-  reserve(n) {
-    if (this.len + n <= this.buf.length) return;
-    let size = this.buf.length * 2;
-    while (size < this.len + n) size *= 2;
-    const grown = new Uint8Array(size);
-    grown.set(this.buf.subarray(0, this.len));
-    this.buf = grown;
+function writeU32(n) {
+  out[pos++] = n >>> 24;
+  out[pos++] = (n >>> 16) & 0xff;
+  out[pos++] = (n >>> 8) & 0xff;
+  out[pos++] = n & 0xff;
+}
+
+function writeFloat(x) {
+  grow(9);
+  out[pos++] = 0xfb;
+  F64[0] = x;
+  if (LITTLE_ENDIAN) for (let i = 7; i >= 0; i--) out[pos++] = F64_BYTES[i];
+  else for (let i = 0; i < 8; i++) out[pos++] = F64_BYTES[i];
+}
+
+function writeInteger(n) {
+  if (typeof n === "number") return n >= 0 ? head(0, n) : head(1, -1 - n);
+  if (n > MAX_U64 || n < -MAX_U64 - 1n) {
+    throw new CodecError(`the integer ${n} is outside -2^64 .. 2^64-1, which CBOR cannot carry`);
   }
+  return n >= 0n ? head(0, n) : head(1, -1n - n);
+}
 
-  byte(b) {
-    this.reserve(1);
-    this.buf[this.len++] = b;
-  }
-
-  bytes(src) {
-    this.reserve(src.length);
-    this.buf.set(src, this.len);
-    this.len += src.length;
-  }
-
-  /** A head: major type and argument (a Number up to 2^53 or a BigInt). */
-  head(major, n) {
-    const m = major << 5;
-    if (typeof n === "bigint") {
-      if (n < 9007199254740992n) return this.head(major, Number(n));
-      this.byte(m | 27);
-      this.reserve(8);
-      for (let shift = 56n; shift >= 0n; shift -= 8n) {
-        this.buf[this.len++] = Number((n >> shift) & 0xffn);
-      }
+function writeText(s) {
+  const n = s.length;
+  // Optimistically ASCII: the length in bytes is the length in chars.
+  const start = pos;
+  head(3, n);
+  grow(n);
+  for (let i = 0; i < n; i++) {
+    const c = s.charCodeAt(i);
+    if (c > 0x7f) {
+      pos = start;
+      const bytes = utf8Encode(s);
+      head(3, bytes.length);
+      writeBytes(bytes);
       return;
     }
-    if (n < 24) {
-      this.byte(m | n);
-    } else if (n < 0x100) {
-      this.byte(m | 24);
-      this.byte(n);
-    } else if (n < 0x10000) {
-      this.byte(m | 25);
-      this.byte(n >>> 8);
-      this.byte(n & 0xff);
-    } else if (n < TWO_32) {
-      this.byte(m | 26);
-      this.u32(n);
-    } else {
-      this.byte(m | 27);
-      this.u32(Math.floor(n / TWO_32));
-      this.u32(n % TWO_32);
-    }
+    out[pos++] = c;
   }
+}
 
-  u32(n) {
-    this.reserve(4);
-    this.buf[this.len++] = n >>> 24;
-    this.buf[this.len++] = (n >>> 16) & 0xff;
-    this.buf[this.len++] = (n >>> 8) & 0xff;
-    this.buf[this.len++] = n & 0xff;
+function writeBytes(bytes) {
+  grow(bytes.length);
+  out.set(bytes, pos);
+  pos += bytes.length;
+}
+
+function writeValue(v, depth) {
+  if (depth > MAX_DEPTH) {
+    throw new CodecError(`a value nested deeper than ${MAX_DEPTH} levels (is it a cycle?)`);
   }
-
-  float(x) {
-    this.byte(0xfb);
-    this.reserve(8);
-    new DataView(this.buf.buffer, this.buf.byteOffset + this.len, 8).setFloat64(0, x, false);
-    this.len += 8;
-  }
-
-  integer(n) {
-    if (typeof n === "number") {
-      if (n >= 0) return this.head(0, n);
-      return this.head(1, -1 - n);
-    }
-    if (n > MAX_U64 || n < -MAX_U64 - 1n) {
-      throw new CodecError(`the integer ${n} is outside -2^64 .. 2^64-1, which CBOR cannot carry`);
-    }
-    if (n >= 0n) return this.head(0, n);
-    return this.head(1, -1n - n);
-  }
-
-  text(s) {
-    const bytes = utf8Encode(s);
-    this.head(3, bytes.length);
-    this.bytes(bytes);
-  }
-
-  value(v, depth) {
-    if (depth > MAX_DEPTH) {
-      throw new CodecError(`a value nested deeper than ${MAX_DEPTH} levels (is it a cycle?)`);
-    }
-    switch (typeof v) {
-      case "undefined":
-        return this.byte(0xf6);
-      case "boolean":
-        return this.byte(v ? 0xf5 : 0xf4);
-      case "number":
-        if (Number.isSafeInteger(v)) return this.integer(v === 0 ? 0 : v);
-        if (Number.isInteger(v) && Math.abs(v) <= 18446744073709551616) {
-          const big = BigInt(v);
-          if (big <= MAX_U64 && big >= -MAX_U64 - 1n) return this.integer(big);
-        }
-        return this.float(v);
-      case "bigint":
-        return this.integer(v);
-      case "string":
-        return this.text(v);
-      case "object":
-        return this.object(v, depth);
-      default:
-        throw new CodecError(`a ${typeof v} cannot be encoded (only data: null, booleans, numbers, strings, bytes, arrays, maps and objects)`);
-    }
-  }
-
-  object(v, depth) {
-    if (v === null) return this.byte(0xf6);
-    if (v instanceof Float) return this.float(v.value);
-    if (v instanceof Uint8Array) {
-      this.head(2, v.length);
-      return this.bytes(v);
-    }
-    if (v instanceof ArrayBuffer) return this.object(new Uint8Array(v), depth);
-    if (Array.isArray(v) || ArrayBuffer.isView(v) || v instanceof Set) {
-      const items = Array.isArray(v) ? v : Array.from(v);
-      this.head(4, items.length);
-      for (const item of items) this.value(item, depth + 1);
-      return;
-    }
-    if (v instanceof Tagged) {
-      if (v.tag !== TAG_ACTOR_MESH && v.tag !== TAG_BUFFER && v.tag !== TAG_KWARGS) {
-        throw new CodecError(`tag ${v.tag} cannot be written from JavaScript (only ${TAG_ACTOR_MESH}, ${TAG_BUFFER} and ${TAG_KWARGS})`);
+  switch (typeof v) {
+    case "number":
+      if (Number.isSafeInteger(v)) return writeInteger(v === 0 ? 0 : v);
+      if (Number.isInteger(v) && Math.abs(v) <= 18446744073709551616) {
+        const big = BigInt(v);
+        if (big <= MAX_U64 && big >= -MAX_U64 - 1n) return writeInteger(big);
       }
-      this.head(6, v.tag);
-      return this.value(v.value, depth + 1);
-    }
-    if (typeof v[ENCODE] === "function") return this.value(v[ENCODE](), depth + 1);
-    if (v instanceof Kwargs) {
-      throw new CodecError("kwargs(...) is only valid as the last argument of a call or a spawn");
-    }
-    if (v instanceof Map) {
-      this.head(5, v.size);
-      for (const [key, item] of v) {
-        this.value(key, depth + 1);
-        this.value(item, depth + 1);
-      }
+      return writeFloat(v);
+    case "string":
+      return writeText(v);
+    case "object":
+      return writeObject(v, depth);
+    case "boolean":
+      grow(1);
+      out[pos++] = v ? 0xf5 : 0xf4;
       return;
-    }
-    const keys = Object.keys(v);
-    this.head(5, keys.length);
-    for (const key of keys) {
-      this.text(key);
-      this.value(v[key], depth + 1);
-    }
+    case "undefined":
+      grow(1);
+      out[pos++] = 0xf6;
+      return;
+    case "bigint":
+      return writeInteger(v);
+    default:
+      throw new CodecError(`a ${typeof v} cannot be encoded (only data: null, booleans, numbers, strings, bytes, arrays, maps and objects)`);
   }
+}
 
-  finish() {
-    return this.buf.slice(0, this.len);
+function writeObject(v, depth) {
+  if (v === null) {
+    grow(1);
+    out[pos++] = 0xf6;
+    return;
+  }
+  if (Array.isArray(v)) {
+    head(4, v.length);
+    for (let i = 0; i < v.length; i++) writeValue(v[i], depth + 1);
+    return;
+  }
+  if (v instanceof Uint8Array) {
+    head(2, v.length);
+    return writeBytes(v);
+  }
+  if (v instanceof Float) return writeFloat(v.value);
+  if (v instanceof ArrayBuffer) return writeObject(new Uint8Array(v), depth);
+  if (ArrayBuffer.isView(v) || v instanceof Set) return writeObject(Array.from(v), depth);
+  if (v instanceof Tagged) {
+    if (v.tag !== TAG_ACTOR_MESH && v.tag !== TAG_BUFFER && v.tag !== TAG_KWARGS) {
+      throw new CodecError(`tag ${v.tag} cannot be written from JavaScript (only ${TAG_ACTOR_MESH}, ${TAG_BUFFER} and ${TAG_KWARGS})`);
+    }
+    head(6, v.tag);
+    return writeValue(v.value, depth + 1);
+  }
+  if (typeof v[ENCODE] === "function") return writeValue(v[ENCODE](), depth + 1);
+  if (typeof v.then === "function") {
+    throw new CodecError("a Promise cannot be encoded: async functions never resume here (no promise jobs run under QuickJS's synchronous build); wait with .get() instead");
+  }
+  if (v instanceof Kwargs) {
+    throw new CodecError("kwargs(...) is only valid as the last argument of a call or a spawn");
+  }
+  if (v instanceof Map) {
+    head(5, v.size);
+    for (const [key, item] of v) {
+      writeValue(key, depth + 1);
+      writeValue(item, depth + 1);
+    }
+    return;
+  }
+  const keys = Object.keys(v);
+  head(5, keys.length);
+  for (let i = 0; i < keys.length; i++) {
+    writeText(keys[i]);
+    writeValue(v[keys[i]], depth + 1);
   }
 }
 
 /** Encodes one value (see the table at the top of this file). */
 export function encode(value) {
-  const w = new Writer();
-  w.value(value, 0);
-  return w.finish();
+  const nested = busy;
+  const savedOut = out;
+  const savedPos = pos;
+  if (nested) out = new Uint8Array(64);
+  busy = true;
+  pos = 0;
+  try {
+    writeValue(value, 0);
+    return out.slice(0, pos);
+  } finally {
+    if (nested) {
+      out = savedOut;
+      pos = savedPos;
+    } else {
+      busy = false;
+      if (out.length > 1048576) out = new Uint8Array(256);
+    }
+  }
 }
 
 /**
@@ -279,207 +305,203 @@ export function encodeArgs(args) {
 }
 
 // ---------------------------------------------------------------- reading
+//
+// Plain functions over module state too; decode saves and restores it, so
+// a tag hook may decode on its own.
 
-class Reader {
-  constructor(bytes, options) {
-    if (!(bytes instanceof Uint8Array)) {
-      if (bytes instanceof ArrayBuffer) bytes = new Uint8Array(bytes);
-      else if (Array.isArray(bytes)) bytes = Uint8Array.from(bytes);
-      else throw new CodecError("a payload must be a Uint8Array");
-    }
-    this.bytes = bytes;
-    this.pos = 0;
-    this.tags = (options && options.tags) || {};
+let src = null;
+let at = 0;
+let hooks = null;
+
+function toBytes(bytes) {
+  if (bytes instanceof Uint8Array) return bytes;
+  if (bytes instanceof ArrayBuffer) return new Uint8Array(bytes);
+  if (Array.isArray(bytes)) return Uint8Array.from(bytes);
+  throw new CodecError("a payload must be a Uint8Array");
+}
+
+function need(n, what) {
+  if (at + n > src.length) {
+    throw new CodecError(`truncated payload: ${what} at byte ${at} needs ${n} more bytes, ${src.length - at} remain`);
   }
+}
 
-  need(n, what) {
-    if (this.pos + n > this.bytes.length) {
-      throw new CodecError(`truncated payload: ${what} at byte ${this.pos} needs ${n} more bytes, ${this.bytes.length - this.pos} remain`);
-    }
+function readU32(i) {
+  return ((src[i] << 24) >>> 0) + (src[i + 1] << 16) + (src[i + 2] << 8) + src[i + 3];
+}
+
+/** A head's argument: a Number, or a BigInt from 2^53 on. */
+function argument(info, start) {
+  if (info < 24) return info;
+  if (info === 24) {
+    need(1, "a 1-byte argument");
+    return src[at++];
   }
-
-  u8() {
-    this.need(1, "a value");
-    return this.bytes[this.pos++];
-  }
-
-  /** Reads a head's argument: a Number, or a BigInt beyond 2^53-1. */
-  argument(info, start) {
-    if (info < 24) return info;
-    if (info === 24) {
-      this.need(1, "a 1-byte argument");
-      return this.bytes[this.pos++];
-    }
-    if (info === 25) {
-      this.need(2, "a 2-byte argument");
-      const b = this.bytes;
-      const n = (b[this.pos] << 8) | b[this.pos + 1];
-      this.pos += 2;
-      return n;
-    }
-    if (info === 26) {
-      this.need(4, "a 4-byte argument");
-      const n = this.u32At(this.pos);
-      this.pos += 4;
-      return n;
-    }
-    if (info === 27) {
-      this.need(8, "an 8-byte argument");
-      const hi = this.u32At(this.pos);
-      const lo = this.u32At(this.pos + 4);
-      this.pos += 8;
-      if (hi < 0x200000) return hi * TWO_32 + lo;
-      return (BigInt(hi) << 32n) | BigInt(lo);
-    }
-    if (info === 31) {
-      throw new CodecError(`indefinite lengths are not part of the encoding (byte ${start})`);
-    }
-    throw new CodecError(`not well-formed: reserved additional information ${info} at byte ${start}`);
-  }
-
-  u32At(i) {
-    const b = this.bytes;
-    return ((b[i] << 24) >>> 0) + (b[i + 1] << 16) + (b[i + 2] << 8) + b[i + 3];
-  }
-
-  /** A length: at most what is left of the payload, as a Number. */
-  length(info, start, what, unit) {
-    const n = this.argument(info, start);
-    const left = this.bytes.length - this.pos;
-    if (typeof n === "bigint" || n * unit > left) {
-      throw new CodecError(`truncated payload: ${what} at byte ${start} declares ${n} items, only ${left} bytes remain`);
-    }
+  if (info === 25) {
+    need(2, "a 2-byte argument");
+    const n = (src[at] << 8) | src[at + 1];
+    at += 2;
     return n;
   }
-
-  value(depth) {
-    if (depth > MAX_DEPTH) {
-      throw new CodecError(`values nested deeper than ${MAX_DEPTH} levels`);
-    }
-    const start = this.pos;
-    const initial = this.u8();
-    const major = initial >> 5;
-    const info = initial & 31;
-    switch (major) {
-      case 0:
-        return this.argument(info, start);
-      case 1: {
-        const n = this.argument(info, start);
-        if (typeof n === "number") return n < 9007199254740991 ? -1 - n : -9007199254740992n;
-        const v = -1n - n;
-        return v >= -9007199254740991n ? Number(v) : v;
-      }
-      case 2: {
-        const n = this.length(info, start, "bytes", 1);
-        const out = this.bytes.slice(this.pos, this.pos + n);
-        this.pos += n;
-        return out;
-      }
-      case 3: {
-        const n = this.length(info, start, "text", 1);
-        const s = utf8Decode(this.bytes, this.pos, this.pos + n, start);
-        this.pos += n;
-        return s;
-      }
-      case 4: {
-        const n = this.length(info, start, "an array", 1);
-        const out = new Array(n);
-        for (let i = 0; i < n; i++) out[i] = this.value(depth + 1);
-        return out;
-      }
-      case 5:
-        return this.map(this.length(info, start, "a map", 2), depth);
-      case 6:
-        return this.tag(this.argument(info, start), start, depth);
-      default:
-        return this.simple(info, start);
-    }
+  if (info === 26) {
+    need(4, "a 4-byte argument");
+    const n = readU32(at);
+    at += 4;
+    return n;
   }
+  if (info === 27) {
+    need(8, "an 8-byte argument");
+    const hi = readU32(at);
+    const lo = readU32(at + 4);
+    at += 8;
+    if (hi < 0x200000) return hi * TWO_32 + lo;
+    return (BigInt(hi) << 32n) | BigInt(lo);
+  }
+  if (info === 31) throw new CodecError(`indefinite lengths are not part of the encoding (byte ${start})`);
+  throw new CodecError(`not well-formed: reserved additional information ${info} at byte ${start}`);
+}
 
-  map(n, depth) {
-    const keys = new Array(n);
-    const values = new Array(n);
-    let allText = true;
-    for (let i = 0; i < n; i++) {
-      keys[i] = this.value(depth + 1);
-      values[i] = this.value(depth + 1);
-      if (typeof keys[i] !== "string") allText = false;
+/** A length: at most what is left of the payload (each item takes `unit` bytes at least). */
+function readLength(info, start, what, unit) {
+  const n = argument(info, start);
+  const left = src.length - at;
+  if (typeof n === "bigint" || n * unit > left) {
+    throw new CodecError(`truncated payload: ${what} at byte ${start} declares ${n} items, only ${left} bytes remain`);
+  }
+  return n;
+}
+
+function readValue(depth) {
+  if (depth > MAX_DEPTH) throw new CodecError(`values nested deeper than ${MAX_DEPTH} levels`);
+  const start = at;
+  need(1, "a value");
+  const initial = src[at++];
+  const info = initial & 31;
+  switch (initial >> 5) {
+    case 0:
+      return argument(info, start);
+    case 1: {
+      const n = argument(info, start);
+      if (typeof n === "number") return n < 9007199254740991 ? -1 - n : -9007199254740992n;
+      const v = -1n - n;
+      return v >= -9007199254740991n ? Number(v) : v;
     }
-    if (!allText) {
-      const m = new Map();
-      for (let i = 0; i < n; i++) m.set(keys[i], values[i]);
-      return m;
+    case 2: {
+      const n = readLength(info, start, "bytes", 1);
+      const bytes = src.slice(at, at + n);
+      at += n;
+      return bytes;
     }
-    const obj = {};
-    for (let i = 0; i < n; i++) {
-      // defineProperty: a key named "__proto__" is data, not the prototype.
+    case 3: {
+      const n = readLength(info, start, "text", 1);
+      const text = utf8Decode(src, at, at + n, start);
+      at += n;
+      return text;
+    }
+    case 4: {
+      const n = readLength(info, start, "an array", 1);
+      const items = new Array(n);
+      for (let i = 0; i < n; i++) items[i] = readValue(depth + 1);
+      return items;
+    }
+    case 5:
+      return readMap(readLength(info, start, "a map", 2), depth);
+    case 6:
+      return readTag(argument(info, start), start, depth);
+    default:
+      return readSimple(info, start);
+  }
+}
+
+function readMap(n, depth) {
+  const keys = new Array(n);
+  const values = new Array(n);
+  let allText = true;
+  for (let i = 0; i < n; i++) {
+    keys[i] = readValue(depth + 1);
+    values[i] = readValue(depth + 1);
+    if (typeof keys[i] !== "string") allText = false;
+  }
+  if (!allText) {
+    const m = new Map();
+    for (let i = 0; i < n; i++) m.set(keys[i], values[i]);
+    return m;
+  }
+  const obj = {};
+  for (let i = 0; i < n; i++) {
+    if (keys[i] === "__proto__") {
+      // Data, not the prototype.
       Object.defineProperty(obj, keys[i], { value: values[i], enumerable: true, writable: true, configurable: true });
+    } else {
+      obj[keys[i]] = values[i];
     }
-    return obj;
   }
+  return obj;
+}
 
-  tag(tag, start, depth) {
-    const content = this.value(depth + 1);
-    const wants = (ok, shape) => {
-      if (!ok) throw new CodecError(`tag ${tag} at byte ${start} must hold ${shape}`);
-    };
-    switch (tag) {
-      case TAG_ACTOR_MESH:
-      case TAG_BUFFER:
-        wants(content instanceof Uint8Array, "bytes");
-        break;
-      case TAG_KWARGS:
-        wants(
-          Array.isArray(content) && content.length === 2 && Array.isArray(content[0]) &&
-            content[1] !== null && typeof content[1] === "object" && !(content[1] instanceof Map) &&
-            !Array.isArray(content[1]) && !(content[1] instanceof Uint8Array) && !(content[1] instanceof Tagged),
-          "[positional array, map with text keys]",
-        );
-        break;
-      case TAG_PICKLE:
-        throw new CodecError(
-          `a Python object (pickle, CBOR tag ${TAG_PICKLE} at byte ${start}) cannot be read in JavaScript; ` +
-            "send plain values (None, bool, int, float, str, bytes, list, tuple, dict) from Python instead",
-        );
-      default:
-        throw new CodecError(`unknown tag ${tag} at byte ${start} (the encoding has tags ${TAG_ACTOR_MESH}..${TAG_PICKLE} only)`);
-    }
-    const make = this.tags[tag];
-    return make ? make(content) : new Tagged(tag, content);
+function readTag(tag, start, depth) {
+  const content = readValue(depth + 1);
+  const wants = (ok, shape) => {
+    if (!ok) throw new CodecError(`tag ${tag} at byte ${start} must hold ${shape}`);
+  };
+  switch (tag) {
+    case TAG_ACTOR_MESH:
+    case TAG_BUFFER:
+      wants(content instanceof Uint8Array, "bytes");
+      break;
+    case TAG_KWARGS:
+      wants(
+        Array.isArray(content) && content.length === 2 && Array.isArray(content[0]) &&
+          content[1] !== null && typeof content[1] === "object" && !(content[1] instanceof Map) &&
+          !Array.isArray(content[1]) && !(content[1] instanceof Uint8Array) && !(content[1] instanceof Tagged),
+        "[positional array, map with text keys]",
+      );
+      break;
+    case TAG_PICKLE:
+      throw new CodecError(
+        `a Python object (pickle, CBOR tag ${TAG_PICKLE} at byte ${start}) cannot be read in JavaScript; ` +
+          "send plain values (None, bool, int, float, str, bytes, list, tuple, dict) from Python instead",
+      );
+    default:
+      throw new CodecError(`unknown tag ${tag} at byte ${start} (the encoding has tags ${TAG_ACTOR_MESH}..${TAG_PICKLE} only)`);
   }
+  const make = hooks && hooks[tag];
+  if (!make) return new Tagged(tag, content);
+  // The hook may decode on its own (decode saves and restores the state).
+  return make(content);
+}
 
-  simple(info, start) {
-    switch (info) {
-      case 20:
-        return false;
-      case 21:
-        return true;
-      case 22:
-        return null;
-      case 25: {
-        this.need(2, "a 16-bit float");
-        const half = (this.bytes[this.pos] << 8) | this.bytes[this.pos + 1];
-        this.pos += 2;
-        return halfToNumber(half);
-      }
-      case 26: {
-        this.need(4, "a 32-bit float");
-        const x = new DataView(this.bytes.buffer, this.bytes.byteOffset + this.pos, 4).getFloat32(0, false);
-        this.pos += 4;
-        return x;
-      }
-      case 27: {
-        this.need(8, "a 64-bit float");
-        const x = new DataView(this.bytes.buffer, this.bytes.byteOffset + this.pos, 8).getFloat64(0, false);
-        this.pos += 8;
-        return x;
-      }
-      case 31:
-        throw new CodecError(`not well-formed: a "break" at byte ${start} outside an indefinite length`);
-      default:
-        if (info === 24) this.need(1, "a simple value");
-        throw new CodecError(`simple value ${info === 24 ? this.bytes[this.pos] : info} at byte ${start} is not part of the encoding (only false, true and null)`);
+function readSimple(info, start) {
+  switch (info) {
+    case 20:
+      return false;
+    case 21:
+      return true;
+    case 22:
+      return null;
+    case 25: {
+      need(2, "a 16-bit float");
+      const half = (src[at] << 8) | src[at + 1];
+      at += 2;
+      return halfToNumber(half);
     }
+    case 26: {
+      need(4, "a 32-bit float");
+      const x = new DataView(src.buffer, src.byteOffset + at, 4).getFloat32(0, false);
+      at += 4;
+      return x;
+    }
+    case 27: {
+      need(8, "a 64-bit float");
+      if (LITTLE_ENDIAN) for (let i = 7; i >= 0; i--) F64_BYTES[i] = src[at++];
+      else for (let i = 0; i < 8; i++) F64_BYTES[i] = src[at++];
+      return F64[0];
+    }
+    case 31:
+      throw new CodecError(`not well-formed: a "break" at byte ${start} outside an indefinite length`);
+    default:
+      if (info === 24) need(1, "a simple value");
+      throw new CodecError(`simple value ${info === 24 ? src[at] : info} at byte ${start} is not part of the encoding (only false, true and null)`);
   }
 }
 
@@ -497,32 +519,52 @@ function halfToNumber(h) {
  * 40102) to a function that makes the value from the tag's content.
  */
 export function decode(bytes, options) {
-  const r = new Reader(bytes, options);
-  const value = r.value(0);
-  if (r.pos !== r.bytes.length) {
-    throw new CodecError(`${r.bytes.length - r.pos} trailing bytes after the value (which ends at byte ${r.pos}); is the payload of another type?`);
+  const src0 = src;
+  const at0 = at;
+  const hooks0 = hooks;
+  src = toBytes(bytes);
+  at = 0;
+  hooks = (options && options.tags) || null;
+  try {
+    const value = readValue(0);
+    if (at !== src.length) {
+      throw new CodecError(`${src.length - at} trailing bytes after the value (which ends at byte ${at}); is the payload of another type?`);
+    }
+    return value;
+  } finally {
+    src = src0;
+    at = at0;
+    hooks = hooks0;
   }
-  return value;
 }
 
 /** Decodes a CBOR sequence (the host's `concat` reducer): every value, in order. */
 export function decodeSequence(bytes, options) {
-  const r = new Reader(bytes, options);
-  const values = [];
-  while (r.pos < r.bytes.length) values.push(r.value(0));
-  return values;
+  const src0 = src;
+  const at0 = at;
+  const hooks0 = hooks;
+  src = toBytes(bytes);
+  at = 0;
+  hooks = (options && options.tags) || null;
+  try {
+    const values = [];
+    while (at < src.length) values.push(readValue(0));
+    return values;
+  } finally {
+    src = src0;
+    at = at0;
+    hooks = hooks0;
+  }
 }
 
 /**
  * Decodes an argument list (a message or an init) into `{ args, kwargs }`:
  * `args` the positional arguments, `kwargs` an object of the keyword
- * arguments, or null when there are none.
+ * arguments, or null when there are none. (Tag 40102 is read here, so
+ * `options.tags` should not make anything else of it.)
  */
 export function decodeArgs(bytes, options) {
-  const own = (options && options.tags) || {};
-  // Tag 40102 is read here, not by options.tags: it is only valid at the top.
-  const tags = Object.assign({}, own, { [TAG_KWARGS]: (content) => new Tagged(TAG_KWARGS, content) });
-  const value = decode(bytes, { tags });
+  const value = decode(bytes, options);
   if (Array.isArray(value)) return { args: value, kwargs: null };
   if (value instanceof Tagged && value.tag === TAG_KWARGS) {
     return { args: value.value[0], kwargs: value.value[1] };
@@ -587,11 +629,19 @@ export function utf8Encode(s) {
 }
 
 /** Decodes bytes[from, to) as UTF-8; anything else is a CodecError. */
-export function utf8Decode(bytes, from = 0, to = bytes.length, at = from) {
+export function utf8Decode(bytes, from = 0, to = bytes.length, offset = from) {
+  let ascii = true;
+  for (let i = from; i < to; i++) {
+    if (bytes[i] > 0x7f) {
+      ascii = false;
+      break;
+    }
+  }
+  if (ascii && to - from <= 8192) return String.fromCharCode.apply(null, bytes.subarray(from, to));
   let s = "";
   let chunk = [];
   const bad = (i) => {
-    throw new CodecError(`invalid UTF-8 in the text at byte ${at} (at its byte ${i - from})`);
+    throw new CodecError(`invalid UTF-8 in the text at byte ${offset} (at its byte ${i - from})`);
   };
   for (let i = from; i < to; ) {
     const b = bytes[i];

@@ -628,7 +628,12 @@ export function run(args) {
     throw "this program exports no `main` function (export function main(args) { ... } in the module given to build.mjs)";
   }
   try {
-    programMain(args);
+    const result = programMain(args);
+    if (result && typeof result.then === "function") {
+      throw new TypeError(
+        "main returned a Promise: async functions stop at their first await here (QuickJS runs no promise jobs in a synchronous component); write a plain function and wait with .get()",
+      );
+    }
     reactor.raiseUnhandled();
   } catch (e) {
     throw describeThrown(e);

@@ -29,7 +29,7 @@ import { check, expectError } from "./checks.js";
 import { Relay } from "./relay.js";
 
 export class Echo extends Actor {
-  static endpoints = ["echo", "whoami", "args", "fail", "failText", "unsendable", "slow", "speak"];
+  static endpoints = ["echo", "whoami", "args", "fail", "failText", "unsendable", "later", "slow", "speak"];
 
   constructor(label, options) {
     super();
@@ -59,6 +59,10 @@ export class Echo extends Actor {
 
   unsendable() {
     return { f() {} };
+  }
+
+  async later() {
+    return 1;
   }
 
   slow(ms) {
@@ -144,6 +148,11 @@ function semantics() {
   const err = event.kind.val.val;
   check("an actor refuses a Python pickle with a clear error", event.kind.val.tag === "err" && err.typeName === "CodecError" &&
     /Python object \(pickle/.test(err.message), err.message);
+  expectError(
+    "an async endpoint is refused, saying why",
+    () => raw.later.callOne().get(),
+    (e) => e instanceof ActorError && e.typeName === "CodecError" && /a Promise cannot be encoded/.test(e.reason),
+  );
   check("actors live on after endpoint errors", raw.echo.callOne(5).get() === 5);
 
   expectError("a constructor that throws fails the spawn with its error", () => procs.spawn("bad", BadInit), (e) =>

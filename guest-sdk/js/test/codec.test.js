@@ -211,6 +211,7 @@ test("JavaScript values: undefined, objects, Maps, Sets, typed arrays", () => {
   cycle.push(cycle);
   assert.throws(() => encode(cycle), /cycle/);
   assert.throws(() => encode([kwargs({ a: 1 })]), /only valid as the last argument/);
+  assert.throws(() => encode({ p: Promise.resolve(1) }), /a Promise cannot be encoded.*\.get\(\)/);
 });
 
 test("an object can say how it is encoded", () => {
