@@ -514,11 +514,8 @@ function halfToNumber(h) {
   return sign * (1 + frac / 1024) * 2 ** (exp - 15);
 }
 
-/**
- * Decodes one whole payload. `options.tags` maps a tag (40100, 40101,
- * 40102) to a function that makes the value from the tag's content.
- */
-export function decode(bytes, options) {
+/** Reads `bytes` whole: one value, or (`sequence`) every value in order. */
+function readPayload(bytes, options, sequence) {
   const src0 = src;
   const at0 = at;
   const hooks0 = hooks;
@@ -526,6 +523,11 @@ export function decode(bytes, options) {
   at = 0;
   hooks = (options && options.tags) || null;
   try {
+    if (sequence) {
+      const values = [];
+      while (at < src.length) values.push(readValue(0));
+      return values;
+    }
     const value = readValue(0);
     if (at !== src.length) {
       throw new CodecError(`${src.length - at} trailing bytes after the value (which ends at byte ${at}); is the payload of another type?`);
@@ -538,23 +540,17 @@ export function decode(bytes, options) {
   }
 }
 
+/**
+ * Decodes one whole payload. `options.tags` maps a tag (40100, 40101,
+ * 40102) to a function that makes the value from the tag's content.
+ */
+export function decode(bytes, options) {
+  return readPayload(bytes, options, false);
+}
+
 /** Decodes a CBOR sequence (the host's `concat` reducer): every value, in order. */
 export function decodeSequence(bytes, options) {
-  const src0 = src;
-  const at0 = at;
-  const hooks0 = hooks;
-  src = toBytes(bytes);
-  at = 0;
-  hooks = (options && options.tags) || null;
-  try {
-    const values = [];
-    while (at < src.length) values.push(readValue(0));
-    return values;
-  } finally {
-    src = src0;
-    at = at0;
-    hooks = hooks0;
-  }
+  return readPayload(bytes, options, true);
 }
 
 /**

@@ -473,26 +473,32 @@ export class Endpoint {
     const what = this._what();
     return {
       [Symbol.iterator]: function* () {
-        for (;;) {
-          const kind = reactor.next(id);
-          if (kind.tag === "end") return;
-          if (kind.tag === "done") {
-            if (kind.val.tag === "err") throw callError(kind.val.val);
-            return;
-          }
-          const [rank, result] = kind.val;
-          if (result.tag === "err") {
-            yield { rank, error: callError(result.val) };
-          } else {
-            let value;
-            try {
-              value = decodeValue(result.val, `${what}[${rank}]`);
-            } catch (e) {
-              yield { rank, error: e };
-              continue;
+        let finished = false;
+        try {
+          for (;;) {
+            const kind = reactor.next(id);
+            if (kind.tag === "end" || kind.tag === "done") {
+              finished = true;
+              if (kind.tag === "done" && kind.val.tag === "err") throw callError(kind.val.val);
+              return;
             }
-            yield { rank, value };
+            const [rank, result] = kind.val;
+            if (result.tag === "err") {
+              yield { rank, error: callError(result.val) };
+            } else {
+              let value;
+              try {
+                value = decodeValue(result.val, `${what}[${rank}]`);
+              } catch (e) {
+                yield { rank, error: e };
+                continue;
+              }
+              yield { rank, value };
+            }
           }
+        } finally {
+          // Left early (a break): later items are dropped.
+          if (!finished) reactor.cancel(id);
         }
       },
     };

@@ -109,6 +109,13 @@ function semantics() {
   check("keyword arguments arrive as a last object", JSON.stringify(args) === JSON.stringify([1, "two", { three: 3 }]));
 
   check("choose answers from one actor", echo.echo.choose("c").get() === "c");
+  const streamed = [...echo.echo.stream("s")].sort((a, b) => a.rank - b.rank);
+  check("a stream gives each rank's reply", streamed.map((r) => `${r.rank}:${r.value}`).join() === "0:s,1:s");
+  for (const first of echo.echo.stream("t")) {
+    check("a stream may be left early", first.value === "t");
+    break;
+  }
+  check("and the calls after it still answer", echo.slice({ procs: 0 }).echo.callOne("u").get() === "u");
   const concat = echo.whoami.reduce("concat").get();
   check("the concat reducer gives every reply in rank order", concat.length === 2 && concat[0].rank === 0 && concat[1].rank === 1);
 
