@@ -1,6 +1,6 @@
 // What the examples do not show, checked inside a real host: actors that
 // call actors (a wait nested in a handler), mesh references in messages,
-// keyword arguments, choose and the concat reducer, BigInts, errors of
+// keyword arguments, choose, streams and the host's reducers, BigInts, errors of
 // every origin (an unknown endpoint, a thrown string, an unsendable reply,
 // a Python pickle, a failing constructor, an unknown class), an actor that
 // supervises what it spawned, sleep and get(timeout), console.log and
@@ -116,6 +116,8 @@ function semantics() {
     break;
   }
   check("and the calls after it still answer", echo.slice({ procs: 0 }).echo.callOne("u").get() === "u");
+  check("the host sums integer replies", echo.echo.reduce("sum-i64", 21).get() === 42);
+  check("and takes the largest float", echo.echo.reduce("max-f64", 1.5).get() === 1.5);
   const concat = echo.whoami.reduce("concat").get();
   check("the concat reducer gives every reply in rank order", concat.length === 2 && concat[0].rank === 0 && concat[1].rank === 1);
 
