@@ -201,6 +201,22 @@ function semantics() {
   check("one that returns false fails, and its owner hears of it with kind supervision",
     failures.length === 1 && /^actor tree\[1\] failed.*: supervision: /.test(failures[0]), failures.join("; "));
   expectError("calls to it fail at once", () => tree.slice({ procs: 1 }).seen.callOne().get(), (e) => e instanceof SupervisionError && e.kind === "supervision");
+
+  const more = thisHost().spawnProcs({ procs: 2 });
+  const perProc = more.spawnWith("pp", Echo, { perProc: { threads: 2 } }, "pp");
+  check("spawnWith puts several actors on each proc", String(perProc.extent) === "procs=2, threads=2" &&
+    perProc.whoami.call().get().values().map((w) => w.rank).join() === "0,1,2,3");
+  const timed = more.spawnWith("timed", Echo, { handlerTimeoutMs: 300 }, "t");
+  expectError("a handler past its deadline is a SupervisionError of kind deadline", () => timed.slice({ procs: 0 }).slow.callOne(5000).get(), (e) =>
+    e instanceof SupervisionError && e.kind === "deadline" && e.rank === 0);
+  const info = more.info();
+  check("info says where each proc runs", info.length === 2 && info.every((p, i) => p.rank === i && p.state === "running"));
+  if (info[1].pid !== null) {
+    more.kill(1);
+    expectError("the actors of a killed proc are lost: SupervisionError of kind proc-lost", () => timed.slice({ procs: 1 }).slow.callOne(5000).get(), (e) =>
+      e instanceof SupervisionError && e.kind === "proc-lost");
+  }
+  more.stop();
   procs.stop();
   expectError("a call to a stopped mesh fails at once with kind stopped", () => raw.echo.callOne(1).get(), (e) => e instanceof CallError && e.kind === "stopped");
 }
