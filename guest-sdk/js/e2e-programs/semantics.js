@@ -29,7 +29,7 @@ import { check, expectError } from "./checks.js";
 import { Relay } from "./relay.js";
 
 export class Echo extends Actor {
-  static endpoints = ["echo", "whoami", "args", "fail", "failText", "unsendable", "later", "slow", "speak"];
+  static endpoints = ["echo", "whoami", "args", "fail", "failText", "unsendable", "later", "slow", "speak", "recurse"];
 
   constructor(label, options) {
     super();
@@ -68,6 +68,10 @@ export class Echo extends Actor {
   slow(ms) {
     sleep(ms);
     return ms;
+  }
+
+  recurse(n) {
+    return this.recurse(n + 1) + 1;
   }
 
   speak(words) {
@@ -209,6 +213,8 @@ function semantics() {
   const timed = more.spawnWith("timed", Echo, { handlerTimeoutMs: 300 }, "t");
   expectError("a handler past its deadline is a SupervisionError of kind deadline", () => timed.slice({ procs: 0 }).slow.callOne(5000).get(), (e) =>
     e instanceof SupervisionError && e.kind === "deadline" && e.rank === 0);
+  expectError("unbounded recursion exhausts the Wasm stack: a trap, not an endpoint error", () => perProc.slice({ procs: 0, threads: 1 }).recurse.callOne(0).get(), (e) =>
+    e instanceof SupervisionError && e.kind === "trap" && /call stack exhausted/.test(e.reason));
   const info = more.info();
   check("info says where each proc runs", info.length === 2 && info.every((p, i) => p.rank === i && p.state === "running"));
   if (info[1].pid !== null) {
