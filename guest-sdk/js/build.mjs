@@ -211,10 +211,15 @@ function tidy(text) {
   return text.replace(/\n\s*\n(\s*\n)+/g, "\n\n").trim();
 }
 
+/** The jco command: $JCO (words split on spaces; relative paths are the caller's) or `jco`. */
 function jcoCommand() {
   const cmd = process.env.JCO;
-  if (cmd && cmd.trim()) return cmd.trim().split(/\s+/);
-  return ["jco"];
+  if (!cmd || !cmd.trim()) return ["jco"];
+  // jco runs in the build folder: make paths relative to where we were called absolute.
+  return cmd
+    .trim()
+    .split(/\s+/)
+    .map((word) => (word.startsWith("./") || word.startsWith("../") ? resolve(word) : word));
 }
 
 function componentize(dir, places, opts) {

@@ -102,6 +102,17 @@ test("imports it cannot bundle are named with their line", () => {
   assert.match(r.stderr, /dynamic\/app\.js:2: dynamic import\(\) is not supported/);
 });
 
+test("a relative path in $JCO is the caller's, not the build folder's", () => {
+  write("relative/app.js", "export function main() {}\n");
+  const r = spawnSync(process.execPath, [BUILD, "relative/app.js", "-o", "relative/app.wasm", "--wit", WIT], {
+    cwd: work,
+    encoding: "utf8",
+    env: { ...process.env, JCO: `${process.execPath} ./fake-jco.mjs` },
+  });
+  assert.equal(r.status, 0, r.stderr);
+  assert.ok(JSON.parse(readFileSync(join(work, "relative", "app.wasm"), "utf8")).files["app.js"]);
+});
+
 test("a missing jco is reported with how to install it", () => {
   const app = write("nojco/app.js", "export function main() {}\n");
   const r = build(app, join(work, "nojco.wasm"), { JCO: "/nonexistent/jco" });
