@@ -383,7 +383,7 @@ export class Reactor {
   next(id, timeoutMs) {
     const slot = this.slots.get(id);
     if (!slot) throw new Error(`internal: request ${id} is not registered`);
-    const deadline = timeoutMs === undefined ? Infinity : now() + timeoutMs;
+    const deadline = timeoutMs == null ? Infinity : now() + timeoutMs;
     for (;;) {
       if (slot.length) {
         const kind = slot.shift();
@@ -397,8 +397,12 @@ export class Reactor {
     }
   }
 
-  /** Waits `ms` milliseconds, routing events meanwhile. */
+  /** Waits `ms` milliseconds, routing events meanwhile (0: routes what has come, without waiting). */
   sleep(ms) {
+    if (!(ms > 0)) {
+      this.pump(0);
+      return;
+    }
     const deadline = now() + ms;
     for (let left = ms; left > 0; left = deadline - now()) {
       this.pump(Math.min(left, WAIT_MS));

@@ -183,6 +183,22 @@ test("get(timeout) gives up with a timeout and may wait again", () => {
   assert.equal(f.get(), "late");
 });
 
+test("get(null) waits as long as get()", () => {
+  const { source } = script([[], [done(1, "eventually")]]);
+  const r = new Reactor(source);
+  assert.equal(new Future(r, 1, single).get(null), "eventually");
+});
+
+test("sleep(0) routes what has come without waiting", () => {
+  const { source, calls } = script([[done(1, "queued")]]);
+  const r = new Reactor(source);
+  const f = new Future(r, 1, single);
+  r.sleep(0);
+  assert.deepEqual(calls, [0]);
+  assert.equal(r.slots.get(1).length, 1);
+  assert.equal(f.get(), "queued");
+});
+
 test("done() polls without waiting", () => {
   const { source, calls } = script([[], [done(1, 7)]]);
   const r = new Reactor(source);
