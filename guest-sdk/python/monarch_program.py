@@ -11,6 +11,7 @@ from wit_world import exports
 from monarch import _preload  # noqa: F401 - the standard library a program may import at run time
 from monarch import _program, _runtime
 import monarch.actor  # noqa: F401 - the public API, imported by most programs
+import monarch.rdma  # noqa: F401 - read back when a buffer reference arrives
 
 import _monarch_build
 

@@ -8,7 +8,7 @@ component has no files at run time. So the build:
    tracebacks show its lines;
 2. imports every module the script imports, anywhere in it (a module that
    is not imported at build time cannot be imported at run time);
-3. runs the script's top level in *actor mode*, as module ``__mp_main__``:
+3. runs the script's top level in *actor mode*, as module ``__main__``:
    one statement at a time, skipping ``if __name__ == "__main__":`` blocks,
    output muted, and a statement that fails (it needs the cluster, or a
    name a skipped statement would have set) is skipped. What remains are
@@ -120,7 +120,10 @@ def prepare(module_name, display):
                                  "or put it next to the program)")
         except Exception as e:  # noqa: BLE001 - reported like the import at run time would be
             _problems.append(f"{display}: importing {name} raised {type(e).__name__}: {e}")
-    module = types.ModuleType("__mp_main__")
+    # Named `__main__`, so that classes pickled here and in the controller
+    # name the same module; `if __name__ == "__main__":` blocks are skipped
+    # by the statement filter instead.
+    module = types.ModuleType("__main__")
     module.__file__ = display
     module.__builtins__ = builtins
     sys.modules["__mp_main__"] = module
@@ -137,7 +140,9 @@ def prepare(module_name, display):
             try:
                 exec(piece, module.__dict__)
             except (ImportError, SyntaxError) as e:
-                _problems.append(f"{_where(e)}: {type(e).__name__}: {e}")
+                name = getattr(e, "name", None)
+                if not (name and any(repr(name) in p for p in _problems)):
+                    _problems.append(f"{_where(e)}: {type(e).__name__}: {e}")
             except BaseException:  # noqa: BLE001 - needs the cluster or a skipped name
                 pass
             finally:
@@ -166,7 +171,8 @@ def run_main(args):
             return f"the program exited with status {e.code}"
         return str(e.code)
     except BaseException as e:  # noqa: BLE001 - printed as Python prints it
-        text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        # From the program's frame down: this function's frame is the SDK's.
+        text = "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next))
         sys.stderr.write(text)
         return f"{type(e).__name__}: {e} (at {_where(e)})"
     finally:

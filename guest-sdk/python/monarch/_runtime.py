@@ -709,7 +709,8 @@ def export_handle(endpoint_name, message):
             _wt.EndpointError(
                 message=str(e) or type(e).__name__,
                 type_name=type_name_of(e),
-                backtrace="".join(traceback.format_exception(type(e), e, e.__traceback__)),
+                # From the endpoint's frame down; this one is the SDK's.
+                backtrace="".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next)),
             )
         ) from None
     finally:

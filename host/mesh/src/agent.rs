@@ -29,7 +29,12 @@ use sha2::{Digest, Sha256};
 use crate::comm::{COMM_ACTOR, CommActor};
 
 /// The name of the proc agent in every proc of a mesh.
-pub const AGENT_ACTOR: &str = "agent";
+pub const AGENT_ACTOR: &str = "monarch.agent";
+
+/// Names of the host's own actors on a proc start with this; actor meshes
+/// may not take such a name (a user's mesh called `supervisor` once
+/// collided with the supervision client).
+pub const RESERVED_PREFIX: &str = "monarch.";
 
 /// What the controller hears from its procs.
 #[derive(Debug, Clone, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
@@ -283,6 +288,16 @@ impl Actor for ProcAgent {
 
 impl Handler<SpawnActors> for ProcAgent {
     async fn handle(&mut self, cx: &Context<Self>, request: SpawnActors) -> anyhow::Result<()> {
+        if request.name.starts_with(RESERVED_PREFIX) {
+            request.reply.send(
+                cx,
+                Err(format!(
+                    "the name `{}` is reserved: names starting with `{RESERVED_PREFIX}` are the host's",
+                    request.name
+                )),
+            );
+            return Ok(());
+        }
         let Some(factory) = self.registry.factories.get(&request.kind).cloned() else {
             request.reply.send(
                 cx,
@@ -371,7 +386,7 @@ pub fn start_mesh_proc(
     proc.spawn(AGENT_ACTOR, 0, ProcAgent::new(registry, events.clone()))?;
     proc.spawn(COMM_ACTOR, 0, CommActor::default())?;
     if let Some(mut supervision) = supervision {
-        let (mailbox, _undeliverable) = proc.attach("supervisor")?;
+        let (mailbox, _undeliverable) = proc.attach("monarch.supervisor")?;
         tokio::spawn(async move {
             while let Some(event) = supervision.recv().await {
                 events.send(

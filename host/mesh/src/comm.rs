@@ -49,7 +49,7 @@ use rkyv::with::{ArchiveWith, DeserializeWith, SerializeWith};
 use crate::reduce::{Fold, Partial, RankError, Reducer};
 
 /// The name of the comm actor in every proc of a mesh.
-pub const COMM_ACTOR: &str = "comm";
+pub const COMM_ACTOR: &str = "monarch.comm";
 
 /// The default fan-out of multicast trees.
 pub const DEFAULT_FANOUT: u32 = 16;

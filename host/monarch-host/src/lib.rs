@@ -23,6 +23,7 @@
 //! handler deadlines that interrupt an actor stuck in one message.
 
 pub mod bindings;
+pub mod build;
 pub mod engine;
 mod errors;
 pub mod host;

@@ -29,6 +29,13 @@ enum Command {
     ///
     /// Example: monarch-host run hello.wasm -- --greeting hi
     Run(RunArgs),
+    /// Builds a Python program (`.py`) into a component of the world
+    /// `program`, with the bundled `monarch` SDK and WIT, and compiles it
+    /// into the cache so that its first run starts at once. `run app.py`
+    /// does this itself; `build` is for shipping the `.wasm`.
+    ///
+    /// Example: monarch-host build app.py -o app.wasm
+    Build(BuildArgs),
     /// Serves this machine to controllers: starts procs for them (as child
     /// processes of this agent) and keeps the programs they ship.
     ///
@@ -126,6 +133,21 @@ struct RunArgs {
 }
 
 #[derive(Debug, clap::Args)]
+struct BuildArgs {
+    /// The program: a Python file (`.py`). Python files and packages next
+    /// to it are bundled too, so it may import them.
+    app: PathBuf,
+    /// Where to write the component. Default: the cache that `run app.py`
+    /// uses, whose path is printed.
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// Linear memory per instance, in MiB, that the precompiled form is
+    /// made for (as `run --memory`).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    memory: u32,
+}
+
+#[derive(Debug, clap::Args)]
 struct AgentArgs {
     /// Where to listen for controllers: IP:PORT with a specific IP, which
     /// is also where this machine's procs are reached.
@@ -167,9 +189,17 @@ fn main() -> ExitCode {
         Command::Jobs(args) => return serve_cli::jobs(args),
         Command::Logs(args) => return serve_cli::logs(args),
         Command::Cancel(args) => return serve_cli::cancel(args),
+        Command::Build(args) => return build(args),
         Command::Run(run) => run,
     };
     init_tracing();
+    let app = match source_program(&app) {
+        Ok(app) => app,
+        Err(e) => {
+            eprintln!("monarch-host: error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     // A program's tensor fetches and all-reduces pass multi-MiB chunks
     // through this process, as through its child procs (which do the same).
     hyperactor_mesh::alloc::keep_freed_memory();
@@ -234,6 +264,51 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("monarch-host: error: the run panicked: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `app` itself for a `.wasm`; for a program in a language `build` takes,
+/// the component built from it (through the cache).
+pub(crate) fn source_program(app: &std::path::Path) -> Result<PathBuf, String> {
+    if monarch_host::build::Language::of(app).is_none() {
+        return Ok(app.to_path_buf());
+    }
+    let progress = |line: &str| eprintln!("monarch-host: {line}");
+    monarch_host::build::build(app, None, &progress)
+        .map(|built| built.path)
+        .map_err(|e| e.to_string())
+}
+
+fn build(args: BuildArgs) -> ExitCode {
+    let progress = |line: &str| eprintln!("monarch-host build: {line}");
+    let built = match monarch_host::build::build(&args.app, args.output.as_deref(), &progress) {
+        Ok(built) => built,
+        Err(e) => {
+            eprintln!("monarch-host build: error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if built.cached {
+        progress(&format!("{} is up to date", built.path.display()));
+    }
+    // Compile it into the cache now, so that the first run is warm.
+    let compiled = monarch_host::engine::new_engine(args.memory as usize * (1 << 20))
+        .map_err(|e| e.to_string())
+        .and_then(|engine| {
+            monarch_host::engine::load(&engine, &built.path).map_err(|e| e.to_string())
+        });
+    match compiled {
+        Ok(loaded) => {
+            if !loaded.cached {
+                progress("compiled into the cache");
+            }
+            println!("{}", built.path.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("monarch-host build: error: {e}");
             ExitCode::FAILURE
         }
     }

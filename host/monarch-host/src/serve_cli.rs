@@ -90,7 +90,8 @@ pub struct ServerArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct SubmitArgs {
-    /// The program component to run.
+    /// The program component to run (a `.wasm`, or a `.py`, which is
+    /// built first as by `monarch-host build`).
     app: PathBuf,
     #[command(flatten)]
     server: ServerArgs,
@@ -293,6 +294,10 @@ pub fn submit(args: SubmitArgs) -> ExitCode {
         follow,
         args,
     } = args;
+    let app = match crate::source_program(&app) {
+        Ok(app) => app,
+        Err(e) => return failed("submit", e),
+    };
     with_client("submit", &server, |client| async move {
         let bytes =
             std::fs::read(&app).map_err(|e| format!("cannot read {}: {e}", app.display()))?;
