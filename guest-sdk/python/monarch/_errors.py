@@ -122,21 +122,40 @@ def actor_error_class(type_name):
         return ActorError
     cls = _actor_error_types.get(base)
     if cls is None:
-        try:
-            cls = type(f"ActorError[{base.__name__}]", (ActorError, base), {})
-        except TypeError:  # a builtin whose layout cannot be mixed in
-            cls = ActorError
+        # The builtin, or else the nearest of its bases that can be mixed in
+        # and made from a message alone: UnicodeDecodeError wants five
+        # arguments, so its errors are UnicodeErrors; ExceptionGroup wants
+        # a list of exceptions, so its errors are plain ActorErrors.
+        cls = ActorError
+        for candidate in base.__mro__:
+            if candidate is Exception:
+                break
+            try:
+                mixed = type(f"ActorError[{candidate.__name__}]", (ActorError, candidate), {})
+                _new_actor_error(mixed, "probe")
+            except Exception:  # noqa: BLE001 - a layout or constructor that cannot be mixed in
+                continue
+            cls = mixed
+            break
         _actor_error_types[base] = cls
     return cls
+
+
+def _new_actor_error(cls, message, exception_type=None, traceback=None, mesh=None, rank=None, endpoint=None):
+    # ``cls.__new__(cls)`` rather than ``cls(...)``: OSError's constructor
+    # reads two or more arguments as an errno and a text.
+    try:
+        err = cls.__new__(cls)
+    except TypeError:  # MemoryError's __new__ is only reached through the class
+        err = cls(message)
+    ActorError.__init__(err, message, exception_type, traceback, mesh, rank, endpoint)
+    return err
 
 
 def from_call_error(kind, message, type_name=None, backtrace=None, mesh=None, rank=None, endpoint=None):
     """The exception to raise for a failed request."""
     if kind == "endpoint":
-        cls = actor_error_class(type_name)
-        err = cls.__new__(cls)
-        ActorError.__init__(err, message, type_name, backtrace, mesh, rank, endpoint)
-        return err
+        return _new_actor_error(actor_error_class(type_name), message, type_name, backtrace, mesh, rank, endpoint)
     if kind == "timeout":
         return MeshTimeoutError(message)
     if kind == "invalid":
