@@ -97,9 +97,11 @@ class HostLoop(asyncio.AbstractEventLoop):
             self._leave()
 
     def run_until_complete(self, future):
-        future = asyncio.ensure_future(future, loop=self)
+        # Refused before a task is made of ``future``: a refused coroutine
+        # must not run later anyway.
         self._enter()
         try:
+            future = asyncio.ensure_future(future, loop=self)
             while not future.done():
                 if not self._step(future):
                     raise Deadlock(
