@@ -226,5 +226,8 @@ class ValueMesh(Mapping):
         return NotImplemented
 
     def __repr__(self):
+        if not self._extent.labels:
+            # One value, at the only point of a mesh with no dimensions.
+            return f"ValueMesh({self._values[0]!r})"
         body = ", ".join(f"{dict(p)}: {v!r}" for p, v in self.items())
-        return f"ValueMesh({dict(self._extent)}: {{{body}}})" if self._extent.labels else f"ValueMesh({body})"
+        return f"ValueMesh({dict(self._extent)}: {{{body}}})"
