@@ -72,11 +72,26 @@ const PYTHON_SDK: &[Bundled] = &[
     ),
 ];
 
+const JS_SDK: &[Bundled] = &[
+    (
+        "js/build.mjs",
+        include_str!("../../../guest-sdk/js/build.mjs"),
+    ),
+    (
+        "js/monarch.js",
+        include_str!("../../../guest-sdk/js/monarch.js"),
+    ),
+    ("js/core.js", include_str!("../../../guest-sdk/js/core.js")),
+    ("js/cbor.js", include_str!("../../../guest-sdk/js/cbor.js")),
+];
+
 /// The languages `build` takes, by the program's extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Language {
     /// `.py`, through componentize-py.
     Python,
+    /// `.js` or `.mjs`, through jco's QuickJS backend.
+    JavaScript,
 }
 
 impl Language {
@@ -84,7 +99,24 @@ impl Language {
     pub fn of(path: &Path) -> Option<Language> {
         match path.extension()?.to_str()? {
             "py" => Some(Language::Python),
+            "js" | "mjs" => Some(Language::JavaScript),
             _ => None,
+        }
+    }
+
+    /// The extensions of the sources a program of this language may
+    /// import from its directory (part of the build's cache key).
+    fn source_extensions(self) -> &'static [&'static str] {
+        match self {
+            Language::Python => &["py"],
+            Language::JavaScript => &["js", "mjs"],
+        }
+    }
+
+    fn sdk(self) -> &'static [Bundled] {
+        match self {
+            Language::Python => PYTHON_SDK,
+            Language::JavaScript => JS_SDK,
         }
     }
 }
@@ -101,7 +133,7 @@ pub enum BuildError {
         source: std::io::Error,
     },
     /// Not a language `build` takes.
-    #[error("{0}: build takes a Python program (.py); a .wasm is run as it is")]
+    #[error("{0}: build takes a Python (.py) or JavaScript (.js) program; a .wasm is run as it is")]
     Language(PathBuf),
     /// The tool that builds the language is not installed.
     #[error("{tool} was not found ({why}); install it with `{install}` (scripts/setup does)")]
@@ -208,7 +240,7 @@ fn hex(bytes: &[u8]) -> String {
 /// The program's own sources: the file, and the Python files and packages
 /// next to it (which it may import), as (path relative to its directory,
 /// bytes), sorted.
-fn program_sources(app: &Path) -> Result<Vec<(PathBuf, Vec<u8>)>, BuildError> {
+fn program_sources(app: &Path, language: Language) -> Result<Vec<(PathBuf, Vec<u8>)>, BuildError> {
     let read = |path: &Path| {
         std::fs::read(path).map_err(|source| BuildError::Read {
             path: path.to_path_buf(),
@@ -223,7 +255,7 @@ fn program_sources(app: &Path) -> Result<Vec<(PathBuf, Vec<u8>)>, BuildError> {
     let mut out = Vec::new();
     let name = app.file_name().map(PathBuf::from).unwrap_or_default();
     out.push((name.clone(), main));
-    collect_python(dir, Path::new(""), 0, &mut |rel, path| {
+    collect_sources(dir, Path::new(""), 0, language, &mut |rel, path| {
         if rel != name {
             out.push((rel, read(path)?));
         }
@@ -233,12 +265,14 @@ fn program_sources(app: &Path) -> Result<Vec<(PathBuf, Vec<u8>)>, BuildError> {
     Ok(out)
 }
 
-/// Calls `found` for the `.py` files of `dir` and of the packages
-/// (directories with an `__init__.py`) under it, a few levels deep.
-fn collect_python(
+/// Calls `found` for the source files of `dir` and of the directories
+/// under it that hold sources of the language (for Python, packages: with
+/// an `__init__.py`), a few levels deep.
+fn collect_sources(
     dir: &Path,
     rel: &Path,
     depth: usize,
+    language: Language,
     found: &mut dyn FnMut(PathBuf, &Path) -> Result<(), BuildError>,
 ) -> Result<(), BuildError> {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -252,10 +286,20 @@ fn collect_python(
         let Ok(kind) = entry.file_type() else {
             continue;
         };
-        if kind.is_file() && path.extension().is_some_and(|e| e == "py") {
+        let is_source = |p: &Path| {
+            p.extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| language.source_extensions().contains(&e))
+        };
+        if kind.is_file() && is_source(&path) {
             found(rel.join(&name), &path)?;
-        } else if kind.is_dir() && depth < 4 && path.join("__init__.py").is_file() {
-            collect_python(&path, &rel.join(&name), depth + 1, found)?;
+        } else if kind.is_dir()
+            && depth < 4
+            && name != "node_modules"
+            && !name.to_string_lossy().starts_with('.')
+            && (language != Language::Python || path.join("__init__.py").is_file())
+        {
+            collect_sources(&path, &rel.join(&name), depth + 1, language, found)?;
         }
     }
     Ok(())
@@ -269,9 +313,7 @@ fn cache_root() -> Result<PathBuf, BuildError> {
 }
 
 fn language_files(language: Language) -> Result<Vec<(String, String)>, BuildError> {
-    sdk_files(match language {
-        Language::Python => PYTHON_SDK,
-    })
+    sdk_files(language.sdk())
 }
 
 /// Where `run app.py` keeps the program built from `app`.
@@ -298,7 +340,8 @@ fn cached_program(
             .to_string_lossy()
             .as_bytes(),
     );
-    for (path, bytes) in program_sources(app)? {
+    let language = Language::of(app).ok_or_else(|| BuildError::Language(app.to_path_buf()))?;
+    for (path, bytes) in program_sources(app, language)? {
         key.update(path.to_string_lossy().as_bytes());
         key.update([0]);
         key.update((bytes.len() as u64).to_le_bytes());
@@ -346,6 +389,7 @@ pub fn build(app: &Path, out: Option<&Path>, progress: &dyn Fn(&str)) -> Result<
     let started = Instant::now();
     match language {
         Language::Python => build_python(app, &sdk_dir(&cache, &files)?, &target, progress)?,
+        Language::JavaScript => build_js(app, &sdk_dir(&cache, &files)?, &target, progress)?,
     }
     if out.is_some() {
         if let Some(parent) = cached_path.parent() {
@@ -407,7 +451,7 @@ fn build_python(
     );
     std::fs::write(generated.join("_monarch_build.py"), config)
         .map_err(io_error("writing the build's settings"))?;
-    for (rel, bytes) in program_sources(app)? {
+    for (rel, bytes) in program_sources(app, Language::Python)? {
         let file = sources.join(&rel);
         if let Some(parent) = file.parent() {
             std::fs::create_dir_all(parent).map_err(io_error("copying the program"))?;
@@ -465,6 +509,43 @@ fn build_python(
             tool: "componentize-py",
             output: tail(&text, 40),
         });
+    }
+    std::fs::rename(&partial, out).map_err(io_error(format!("writing {}", out.display())))?;
+    Ok(())
+}
+
+fn build_js(app: &Path, sdk: &Path, out: &Path, progress: &dyn Fn(&str)) -> Result<(), BuildError> {
+    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .map_err(io_error(format!("creating {}", parent.display())))?;
+    }
+    let node = std::env::var_os("MONARCH_NODE").unwrap_or_else(|| "node".into());
+    progress(&format!(
+        "building {} with jco (QuickJS; a few seconds, cached after)",
+        app.display()
+    ));
+    let partial = out.with_extension("wasm.partial");
+    let output = Command::new(&node)
+        .arg(sdk.join("js").join("build.mjs"))
+        .arg(app)
+        .arg("-o")
+        .arg(&partial)
+        .arg("--wit")
+        .arg(sdk.join("wit"))
+        .output()
+        .map_err(|e| BuildError::Tool {
+            tool: "node",
+            install: "apt-get install nodejs npm",
+            why: e.to_string(),
+        })?;
+    if !output.status.success() {
+        let _ = std::fs::remove_file(&partial);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        return Err(BuildError::Program(vec![tail(text.trim_end(), 40)]));
     }
     std::fs::rename(&partial, out).map_err(io_error(format!("writing {}", out.display())))?;
     Ok(())
