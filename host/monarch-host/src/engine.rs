@@ -7,10 +7,12 @@
 //! is compiled once per machine and engine build.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use wasmtime::component::Component;
+use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 /// How often the engine's epoch advances; a running guest yields at each
@@ -39,6 +41,9 @@ pub struct Sandbox {
     /// Directories and environment variables granted to the program and
     /// its actors.
     pub grants: Grants,
+    /// Component instances one process holds at once: the controller and
+    /// the actors of in-process procs, or the actors of one child proc.
+    pub max_instances: u32,
 }
 
 /// What the operator grants a program: nothing unless named.
@@ -139,6 +144,7 @@ impl Default for Sandbox {
             fanout: 16,
             handler_timeout: None,
             grants: Grants::default(),
+            max_instances: DEFAULT_MAX_INSTANCES,
         }
     }
 }
@@ -179,6 +185,40 @@ pub enum LoadError {
         /// The file.
         path: PathBuf,
     },
+    /// The component's initial memory is larger than the cap.
+    #[error(
+        "{path} needs at least {needed_mib} MiB of linear memory (the initial size of its memory), more than the cap of {cap_mib} MiB per instance; raise --memory to {needed_mib} or more",
+        needed_mib = needed.div_ceil(1 << 20),
+        cap_mib = cap >> 20
+    )]
+    MemoryCap {
+        /// The file.
+        path: PathBuf,
+        /// The bytes its largest memory starts with.
+        needed: u64,
+        /// The cap, in bytes.
+        cap: usize,
+    },
+    /// The component's instances do not fit the engine's pool.
+    #[error("{path} does not fit this host: {reason}")]
+    Limits {
+        /// The file.
+        path: PathBuf,
+        /// What does not fit.
+        reason: String,
+    },
+    /// The component imports interfaces the host does not provide.
+    #[error(
+        "{path} imports {} this host does not provide: {}. monarch-host provides WASI 0.2 (cli, clocks, filesystem, io, random, sockets) and the interfaces of wit/monarch.wit; build the program without the others (for ComponentizeJS, `jco componentize -d http`)",
+        if missing.len() == 1 { "an interface" } else { "interfaces" },
+        missing.join(", ")
+    )]
+    Imports {
+        /// The file.
+        path: PathBuf,
+        /// The interfaces, as the component names them.
+        missing: Vec<String>,
+    },
     /// The component does not compile.
     #[error("{path} does not compile: {reason}")]
     Compile {
@@ -197,28 +237,182 @@ pub struct Loaded {
     pub sha256: String,
     /// Whether it came from the cache.
     pub cached: bool,
+    /// What an instance of it takes, and what it imports.
+    pub footprint: Footprint,
 }
 
-/// Instances one engine holds at once (the controller and every actor).
-pub const MAX_INSTANCES: u32 = 1200;
+/// Component instances one engine holds at once unless `--max-instances`
+/// says otherwise: the controller and every actor in one process.
+pub const DEFAULT_MAX_INSTANCES: u32 = 1200;
 
-/// The engine every program and actor of this host runs on. Instances come
-/// from a pool sized for [`MAX_INSTANCES`] with `memory_bytes` of linear
-/// memory each, so that spawning an actor reuses prepared memory instead
-/// of mapping it anew.
+/// What an engine's pool holds: how many component instances, and what
+/// each of them may allocate. Sized from the program where the program is
+/// known ([`PoolShape::for_program`]), so that 1,200 instances of an
+/// interpreter (componentize-py makes 14 core instances per component,
+/// QuickJS 9) fit as well as 1,200 of a Rust program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PoolShape {
+    /// Component instances at once.
+    pub instances: u32,
+    /// Core module instances per component instance.
+    pub core_instances: u32,
+    /// Linear memories per component instance.
+    pub memories: u32,
+    /// Tables per component instance.
+    pub tables: u32,
+    /// Elements of one table at most.
+    pub table_elements: usize,
+    /// Bytes of one linear memory at most.
+    pub memory_bytes: usize,
+}
+
+impl PoolShape {
+    /// Room for `instances` instances of a program that needs `needs`, each
+    /// memory capped at `memory_bytes`. Counts are rounded up to powers of
+    /// two, so that programs of one kind share a shape; core instances and
+    /// tables get twice what was counted (wasmtime adds adapter modules
+    /// between nested components, and neither costs anything unused),
+    /// memories what was counted (each slot reserves 4 GiB of address space).
+    pub fn for_program(needs: &Needs, instances: u32, memory_bytes: usize) -> PoolShape {
+        let table_elements = usize::try_from(needs.initial_table)
+            .unwrap_or(usize::MAX)
+            .max(1)
+            .next_power_of_two()
+            .max(DEFAULT_TABLE_ELEMENTS);
+        PoolShape {
+            instances: instances.max(1),
+            core_instances: needs
+                .core_instances
+                .saturating_mul(2)
+                .next_power_of_two()
+                .max(8),
+            memories: needs.memories.max(1).next_power_of_two(),
+            tables: needs.tables.saturating_mul(2).next_power_of_two().max(4),
+            table_elements,
+            memory_bytes,
+        }
+    }
+
+    /// Room for `instances` instances of programs not known yet (a
+    /// server's controllers): as much as the interpreters above need.
+    pub fn any_program(instances: u32, memory_bytes: usize) -> PoolShape {
+        PoolShape {
+            instances: instances.max(1),
+            core_instances: 32,
+            memories: 2,
+            tables: 8,
+            table_elements: DEFAULT_TABLE_ELEMENTS,
+            memory_bytes,
+        }
+    }
+
+    /// Whether an instance of a program that needs `needs` fits in one of
+    /// this pool's slots.
+    pub fn fits(&self, needs: &Needs) -> bool {
+        needs.core_instances <= self.core_instances
+            && needs.memories <= self.memories
+            && needs.tables <= self.tables
+            && needs.initial_table <= self.table_elements as u64
+    }
+}
+
+/// wasmtime's default for the elements of one pooled table.
+const DEFAULT_TABLE_ELEMENTS: usize = 20_000;
+
+/// An engine's pool: its shape, and the component instances taken from it
+/// now, counted by [`Pool::reserve`] before an instance is made, so that a
+/// full pool is refused with a message that names the limit.
+#[derive(Debug)]
+pub struct Pool {
+    /// What the pool holds.
+    pub shape: PoolShape,
+    live: std::sync::atomic::AtomicU32,
+}
+
+/// One component instance's place in a [`Pool`], given back when dropped.
+#[derive(Debug)]
+pub struct Slot(Arc<Pool>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.live.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Pool {
+    /// Takes a place for one more component instance, unless all
+    /// [`PoolShape::instances`] are taken; the error says so, naming the
+    /// limit and `--max-instances`.
+    pub fn reserve(self: &Arc<Self>) -> Result<Slot, String> {
+        let limit = self.shape.instances;
+        let taken = self
+            .live
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |live| {
+                (live < limit).then_some(live + 1)
+            });
+        match taken {
+            Ok(_) => Ok(Slot(self.clone())),
+            Err(_) => Err(format!(
+                "this process's instance pool is full: it holds {limit} component instances (the controller's and actors' in one process; set by --max-instances) and all are in use; spawn fewer actors per proc, or raise --max-instances"
+            )),
+        }
+    }
+
+    /// The component instances taken now.
+    pub fn live(&self) -> u32 {
+        self.live.load(Ordering::Acquire)
+    }
+}
+
+/// The pools of the engines [`pooled_engine`] made, by engine.
+static POOLS: Mutex<Vec<(wasmtime::EngineWeak, Arc<Pool>)>> = Mutex::new(Vec::new());
+
+/// The pool of `engine`, if [`pooled_engine`] made it.
+pub fn pool(engine: &Engine) -> Option<Arc<Pool>> {
+    let pools = POOLS.lock().unwrap_or_else(|p| p.into_inner());
+    pools.iter().find_map(|(weak, pool)| {
+        let other = weak.upgrade()?;
+        Engine::same(&other, engine).then(|| pool.clone())
+    })
+}
+
+/// An engine for programs not known yet, [`DEFAULT_MAX_INSTANCES`] of them
+/// at once with `memory_bytes` of linear memory each
+/// ([`PoolShape::any_program`]).
 pub fn new_engine(memory_bytes: usize) -> wasmtime::Result<Engine> {
+    pooled_engine(&PoolShape::any_program(DEFAULT_MAX_INSTANCES, memory_bytes))
+}
+
+/// An engine for the programs of this host, with a pool of instances of
+/// `shape`, so that spawning an actor reuses prepared memory instead of
+/// mapping it anew. The pool's limits are counters and address space
+/// reserved up front (a memory slot takes 4 GiB of it, mostly unmapped);
+/// only what instances touch is resident.
+pub fn pooled_engine(shape: &PoolShape) -> wasmtime::Result<Engine> {
+    let n = shape.instances;
     let mut pool = PoolingAllocationConfig::new();
-    pool.total_component_instances(MAX_INSTANCES)
-        .total_core_instances(MAX_INSTANCES * 4)
-        .total_memories(MAX_INSTANCES)
-        .total_tables(MAX_INSTANCES * 4)
-        .total_stacks(MAX_INSTANCES)
-        .max_memory_size(memory_bytes);
+    pool.total_component_instances(n)
+        .total_core_instances(n.saturating_mul(shape.core_instances))
+        .total_memories(n.saturating_mul(shape.memories))
+        .total_tables(n.saturating_mul(shape.tables))
+        .total_stacks(n)
+        .table_elements(shape.table_elements)
+        .max_memory_size(shape.memory_bytes);
     let mut config = Config::new();
     config.wasm_component_model(true);
     config.epoch_interruption(true);
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-    Engine::new(&config)
+    let engine = Engine::new(&config)?;
+    let mut pools = POOLS.lock().unwrap_or_else(|p| p.into_inner());
+    pools.retain(|(weak, _)| weak.upgrade().is_some());
+    pools.push((
+        engine.weak(),
+        Arc::new(Pool {
+            shape: *shape,
+            live: Default::default(),
+        }),
+    ));
+    Ok(engine)
 }
 
 /// Advances the engine's epoch every [`EPOCH_TICK`] on a thread of its own,
@@ -250,17 +444,38 @@ pub fn cache_dir() -> Option<PathBuf> {
 }
 
 /// Reads, checks and compiles the program at `path`, through the cache.
+/// The file is mapped, not read into the heap: a proc that loads a
+/// program from its host's blob store keeps no copy of its bytes.
 pub fn load(engine: &Engine, path: &Path) -> Result<Loaded, LoadError> {
-    let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+    let read_error = |source| LoadError::Read {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    let bytes = Mapped::open(path).map_err(read_error)?;
     load_bytes(engine, path, &bytes)
 }
 
-/// Checks and compiles `bytes` (named `path` in errors), through the cache.
+/// Checks `bytes` (named `path` in errors) and compiles them, through the
+/// cache. What can be told from the bytes is checked before compiling,
+/// which takes seconds for an interpreter: that they are a component, that
+/// its memories fit the engine's cap, that its instances fit the engine's
+/// pool, and that the host provides every interface it imports.
 pub fn load_bytes(engine: &Engine, path: &Path, bytes: &[u8]) -> Result<Loaded, LoadError> {
-    check_header(path, bytes)?;
+    let footprint = inspect(path, bytes)?;
+    let linker = crate::host::linker(engine).map_err(|e| LoadError::Compile {
+        path: path.to_path_buf(),
+        reason: format!("the host's imports cannot be linked: {e:#}"),
+    })?;
+    if let Some(pool) = pool(engine) {
+        check_fits(path, &footprint.needs, &pool.shape)?;
+    }
+    let missing = missing_imports(&linker, &footprint.interfaces);
+    if !missing.is_empty() {
+        return Err(LoadError::Imports {
+            path: path.to_path_buf(),
+            missing,
+        });
+    }
     let sha256 = hex(&Sha256::digest(bytes));
     let cache_file = cache_dir().map(|dir| {
         let mut key = Sha256::new();
@@ -276,13 +491,15 @@ pub fn load_bytes(engine: &Engine, path: &Path, bytes: &[u8]) -> Result<Loaded, 
     {
         // SAFETY: the cache holds only what `Component::serialize` of this
         // host wrote, keyed by the engine's compatibility hash; a file that
-        // does not deserialize is compiled again and overwritten.
+        // does not deserialize is compiled again and overwritten. The file
+        // is mapped, so the procs of a host share its pages.
         match unsafe { Component::deserialize_file(engine, file) } {
             Ok(component) => {
                 return Ok(Loaded {
                     component,
                     sha256,
                     cached: true,
+                    footprint,
                 });
             }
             Err(e) => {
@@ -301,7 +518,392 @@ pub fn load_bytes(engine: &Engine, path: &Path, bytes: &[u8]) -> Result<Loaded, 
         component,
         sha256,
         cached: false,
+        footprint,
     })
+}
+
+/// Maps the file at `path`, checks that it is a component, and reads its
+/// [`Footprint`].
+pub fn inspect_file(path: &Path) -> Result<Footprint, LoadError> {
+    let bytes = Mapped::open(path).map_err(|source| LoadError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    inspect(path, &bytes)
+}
+
+/// Checks that `bytes` are a component, and reads its [`Footprint`].
+pub fn inspect(path: &Path, bytes: &[u8]) -> Result<Footprint, LoadError> {
+    check_header(path, bytes)?;
+    footprint(bytes).map_err(|reason| LoadError::Compile {
+        path: path.to_path_buf(),
+        reason,
+    })
+}
+
+/// Refuses a program whose instances cannot be made in a pool of `shape`:
+/// an initial memory larger than the cap (it would compile, then fail to
+/// instantiate), or more core instances, memories or tables than a slot
+/// holds.
+pub fn check_fits(path: &Path, needs: &Needs, shape: &PoolShape) -> Result<(), LoadError> {
+    if needs.initial_memory > shape.memory_bytes as u64 {
+        return Err(LoadError::MemoryCap {
+            path: path.to_path_buf(),
+            needed: needs.initial_memory,
+            cap: shape.memory_bytes,
+        });
+    }
+    if !shape.fits(needs) {
+        return Err(LoadError::Limits {
+            path: path.to_path_buf(),
+            reason: format!(
+                "an instance of it makes {} core instances, {} memories and {} tables (the largest of {} elements); this host's pool gives an instance at most {}, {}, {} and {}",
+                needs.core_instances,
+                needs.memories,
+                needs.tables,
+                needs.initial_table,
+                shape.core_instances,
+                shape.memories,
+                shape.tables,
+                shape.table_elements
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The interfaces among `interfaces` that `linker` does not provide,
+/// found without compiling the program: each name is imported, as a
+/// function, by a probe component that has nothing else (it compiles in
+/// microseconds). The linker's lookup follows its own rules (a 0.2.x
+/// import finds the 0.2 interface the host has); then a name it has is
+/// refused because it is an instance, not a function, and a name it lacks
+/// because nothing implements it. Whether what it has matches the
+/// program's types is left to `instantiate_pre` after compiling.
+fn missing_imports<T>(linker: &Linker<T>, interfaces: &[String]) -> Vec<String> {
+    interfaces
+        .iter()
+        .filter(|name| {
+            let Ok(probe) = Component::new(linker.engine(), probe(name)) else {
+                return false;
+            };
+            match linker.instantiate_pre(&probe) {
+                Ok(_) => false,
+                Err(e) => e
+                    .root_cause()
+                    .to_string()
+                    .contains("implementation is missing"),
+            }
+        })
+        .cloned()
+        .collect()
+}
+
+/// A component that imports `name` as a function of no parameters and no
+/// results, and has nothing else.
+fn probe(name: &str) -> Vec<u8> {
+    fn leb(out: &mut Vec<u8>, mut n: usize) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    // The header of a component; a type section with one type, `func()`.
+    let mut out = b"\0asm\x0d\x00\x01\x00".to_vec();
+    out.extend([7, 5, 1, 0x40, 0, 1, 0]);
+    // An import section: `name`, a function of type 0.
+    let mut imports = vec![1, 0];
+    leb(&mut imports, name.len());
+    imports.extend(name.as_bytes());
+    imports.extend([0x01, 0]);
+    out.push(10);
+    leb(&mut out, imports.len());
+    out.extend(imports);
+    out
+}
+
+/// A file mapped read-only: its pages are the page cache's, shared with
+/// every process that maps it, and no longer resident once unmapped.
+struct Mapped {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only and owned; nothing aliases it mutably.
+unsafe impl Send for Mapped {}
+// SAFETY: as above; shared reads of read-only memory are safe.
+unsafe impl Sync for Mapped {}
+
+impl Mapped {
+    fn open(path: &Path) -> std::io::Result<Mapped> {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::File::open(path)?;
+        let len = usize::try_from(file.metadata()?.len())
+            .map_err(|_| std::io::Error::other("the file is too large to map"))?;
+        if len == 0 {
+            return Ok(Mapped {
+                ptr: std::ptr::null_mut(),
+                len,
+            });
+        }
+        // SAFETY: a fresh private read-only mapping of a file we opened;
+        // the blob store and the cache replace files by renaming, never
+        // by writing them in place, so the mapped bytes do not change.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Mapped { ptr, len })
+    }
+}
+
+impl std::ops::Deref for Mapped {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `ptr` maps `len` readable bytes for as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: unmaps exactly what `open` mapped.
+            unsafe { libc::munmap(self.ptr, self.len) };
+        }
+    }
+}
+
+/// What one instance of a component takes from the engine's pool, and
+/// what it imports: read from its bytes, without compiling it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Footprint {
+    /// What one instance of it allocates.
+    pub needs: Needs,
+    /// The names of the instances (interfaces) it imports, such as
+    /// `wasi:cli/stdout@0.2.0`.
+    pub interfaces: Vec<String>,
+}
+
+/// What an instance of a module or component allocates from the pool.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Needs {
+    /// Core module instances.
+    pub core_instances: u32,
+    /// Linear memories defined (imported ones are someone else's).
+    pub memories: u32,
+    /// Tables defined.
+    pub tables: u32,
+    /// The largest initial size of one of its memories, in bytes.
+    pub initial_memory: u64,
+    /// The largest initial size of one of its tables, in elements.
+    pub initial_table: u64,
+}
+
+impl Needs {
+    fn add(&mut self, other: &Needs) {
+        self.core_instances = self.core_instances.saturating_add(other.core_instances);
+        self.memories = self.memories.saturating_add(other.memories);
+        self.tables = self.tables.saturating_add(other.tables);
+        self.initial_memory = self.initial_memory.max(other.initial_memory);
+        self.initial_table = self.initial_table.max(other.initial_table);
+    }
+}
+
+/// A module or component being read: what its instance needs, and for a
+/// component, what each module and component of its index spaces needs.
+#[derive(Default)]
+struct Scope {
+    component: bool,
+    needs: Needs,
+    modules: Vec<Needs>,
+    components: Vec<Needs>,
+}
+
+/// Reads what an instance of the component `bytes` allocates (every module
+/// it instantiates, nested components included) and the interfaces it
+/// imports. Cheap next to compiling: one pass over the sections, no
+/// validation (the compiler validates).
+pub fn footprint(bytes: &[u8]) -> Result<Footprint, String> {
+    use wasmparser::{
+        ComponentAlias, ComponentInstance, ComponentOuterAliasKind, ComponentTypeRef, Encoding,
+        Instance, Parser, Payload,
+    };
+    let bad = |e: wasmparser::BinaryReaderError| format!("malformed component: {e}");
+    let mut footprint = Footprint::default();
+    // The module or component being read, innermost last.
+    let mut scopes: Vec<Scope> = Vec::new();
+    for payload in Parser::new(0).parse_all(bytes) {
+        match payload.map_err(bad)? {
+            Payload::Version { encoding, .. } => scopes.push(Scope {
+                component: encoding == Encoding::Component,
+                ..Scope::default()
+            }),
+            Payload::MemorySection(memories) => {
+                let scope = scopes.last_mut().ok_or("a section outside any module")?;
+                for memory in memories {
+                    let memory = memory.map_err(bad)?;
+                    let page = 1u64 << memory.page_size_log2.unwrap_or(16);
+                    scope.needs.memories += 1;
+                    scope.needs.initial_memory = scope
+                        .needs
+                        .initial_memory
+                        .max(memory.initial.saturating_mul(page));
+                }
+            }
+            Payload::TableSection(tables) => {
+                let scope = scopes.last_mut().ok_or("a section outside any module")?;
+                for table in tables {
+                    let table = table.map_err(bad)?;
+                    scope.needs.tables += 1;
+                    scope.needs.initial_table = scope.needs.initial_table.max(table.ty.initial);
+                }
+            }
+            Payload::InstanceSection(instances) => {
+                let scope = scopes.last_mut().ok_or("a section outside any component")?;
+                for instance in instances {
+                    if let Instance::Instantiate { module_index, .. } = instance.map_err(bad)? {
+                        let module = scope.modules.get(module_index as usize).copied();
+                        scope.needs.add(&module.unwrap_or_default());
+                        scope.needs.core_instances += 1;
+                    }
+                }
+            }
+            Payload::ComponentInstanceSection(instances) => {
+                let scope = scopes.last_mut().ok_or("a section outside any component")?;
+                for instance in instances {
+                    if let ComponentInstance::Instantiate {
+                        component_index, ..
+                    } = instance.map_err(bad)?
+                    {
+                        let component = scope.components.get(component_index as usize).copied();
+                        scope.needs.add(&component.unwrap_or_default());
+                    }
+                }
+            }
+            // Aliases, imports and exports of modules and components add to
+            // their index spaces.
+            Payload::ComponentAliasSection(aliases) => {
+                for alias in aliases {
+                    let (sort, needs) = match alias.map_err(bad)? {
+                        ComponentAlias::Outer { kind, count, index } => {
+                            let sort = match kind {
+                                ComponentOuterAliasKind::CoreModule => Sort::Module,
+                                ComponentOuterAliasKind::Component => Sort::Component,
+                                _ => continue,
+                            };
+                            let at = scopes.len().checked_sub(1 + count as usize);
+                            (sort, at.and_then(|at| scopes[at].get(sort, index)))
+                        }
+                        ComponentAlias::InstanceExport { kind, .. } => match Sort::of(kind) {
+                            Some(sort) => (sort, None),
+                            None => continue,
+                        },
+                        ComponentAlias::CoreInstanceExport { .. } => continue,
+                    };
+                    push(&mut scopes, sort, needs);
+                }
+            }
+            Payload::ComponentImportSection(imports) => {
+                let top = scopes.len() == 1;
+                for import in imports {
+                    let import = import.map_err(bad)?;
+                    match import.ty {
+                        ComponentTypeRef::Module(_) => push(&mut scopes, Sort::Module, None),
+                        ComponentTypeRef::Component(_) => push(&mut scopes, Sort::Component, None),
+                        ComponentTypeRef::Instance(_) if top => {
+                            footprint.interfaces.push(import.name.name.to_string())
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            Payload::ComponentExportSection(exports) => {
+                for export in exports {
+                    let export = export.map_err(bad)?;
+                    if let Some(sort) = Sort::of(export.kind) {
+                        let needs = scopes.last().and_then(|s| s.get(sort, export.index));
+                        push(&mut scopes, sort, needs);
+                    }
+                }
+            }
+            Payload::End(_) => {
+                let ended = scopes.pop().ok_or("an end outside any module")?;
+                let Some(parent) = scopes.last_mut() else {
+                    footprint.needs = ended.needs;
+                    break;
+                };
+                // A nested module is listed by what one instance of it
+                // needs; a nested component by what all it instantiates.
+                match ended.component {
+                    true => parent.components.push(ended.needs),
+                    false => parent.modules.push(ended.needs),
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(footprint)
+}
+
+/// The index spaces of a component that hold what instantiating needs.
+#[derive(Clone, Copy)]
+enum Sort {
+    Module,
+    Component,
+}
+
+impl Sort {
+    fn of(kind: wasmparser::ComponentExternalKind) -> Option<Sort> {
+        match kind {
+            wasmparser::ComponentExternalKind::Module => Some(Sort::Module),
+            wasmparser::ComponentExternalKind::Component => Some(Sort::Component),
+            _ => None,
+        }
+    }
+}
+
+impl Scope {
+    fn list(&mut self, sort: Sort) -> &mut Vec<Needs> {
+        match sort {
+            Sort::Module => &mut self.modules,
+            Sort::Component => &mut self.components,
+        }
+    }
+
+    fn get(&self, sort: Sort, index: u32) -> Option<Needs> {
+        let list = match sort {
+            Sort::Module => &self.modules,
+            Sort::Component => &self.components,
+        };
+        list.get(index as usize).copied()
+    }
+}
+
+/// Adds to the innermost scope's `sort` what an instance of it needs
+/// (nothing known: an import, or an export of an instance).
+fn push(scopes: &mut [Scope], sort: Sort, needs: Option<Needs>) {
+    if let Some(scope) = scopes.last_mut() {
+        scope.list(sort).push(needs.unwrap_or_default());
+    }
 }
 
 fn check_header(path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
@@ -364,7 +966,7 @@ mod tests {
 
     #[test]
     fn garbage_and_core_modules_are_refused_by_name() {
-        let engine = new_engine(64 << 20).unwrap();
+        let engine = pooled_engine(&PoolShape::any_program(4, 64 << 20)).unwrap();
         let path = Path::new("app.wasm");
         assert!(matches!(
             load_bytes(&engine, path, b"hello, world").err(),
@@ -382,20 +984,63 @@ mod tests {
 }
 
 #[cfg(test)]
+mod import_tests {
+    use super::*;
+
+    /// The linker provides WASI 0.2 (any 0.2.x) and monarch:host, and not
+    /// wasi:http; what it lacks is named, in the program's order.
+    #[test]
+    fn imports_the_host_lacks_are_named_before_compiling() {
+        let names: Vec<String> = [
+            "wasi:cli/stdout@0.2.3",
+            "wasi:http/types@0.2.3",
+            "monarch:host/mesh@0.2.0",
+            "wasi:io/streams@0.2.9",
+            "wasi:http/outgoing-handler@0.2.3",
+        ]
+        .map(String::from)
+        .into();
+        let engine = new_engine(64 << 20).unwrap();
+        let linker = crate::host::linker(&engine).unwrap();
+        assert_eq!(
+            missing_imports(&linker, &names),
+            ["wasi:http/types@0.2.3", "wasi:http/outgoing-handler@0.2.3"]
+        );
+        let read = footprint(&probe(&names[1])).unwrap();
+        assert!(read.interfaces.is_empty(), "a function is not an interface");
+        assert_eq!(read.needs, Needs::default());
+    }
+}
+
+#[cfg(test)]
 mod cache_tests {
     use super::*;
 
-    /// A host compiles a program once, whatever memory cap its procs run
-    /// with: the cap must not change the compiled form's cache key.
+    /// A host compiles a program once, whatever memory cap and pool its
+    /// procs run with: neither may change the compiled form's cache key.
     #[test]
-    fn the_memory_cap_does_not_change_the_cache_key() {
+    fn the_memory_cap_and_pool_do_not_change_the_cache_key() {
         use std::hash::{Hash, Hasher};
-        let key = |memory: usize| {
-            let engine = new_engine(memory).unwrap();
+        let key = |shape: PoolShape| {
+            let engine = pooled_engine(&shape).unwrap();
             let mut hasher = std::collections::hash_map::DefaultHasher::new();
             engine.precompile_compatibility_hash().hash(&mut hasher);
             hasher.finish()
         };
-        assert_eq!(key(64 << 20), key(256 << 20));
+        let python = Needs {
+            core_instances: 14,
+            memories: 1,
+            tables: 2,
+            initial_memory: 12 << 20,
+            initial_table: 5726,
+        };
+        assert_eq!(
+            key(PoolShape::any_program(8, 64 << 20)),
+            key(PoolShape::any_program(8, 256 << 20))
+        );
+        assert_eq!(
+            key(PoolShape::any_program(8, 64 << 20)),
+            key(PoolShape::for_program(&python, 16, 64 << 20))
+        );
     }
 }

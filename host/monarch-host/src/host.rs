@@ -80,11 +80,53 @@ impl Interrupt {
     }
 }
 
-/// The program a cluster runs, as bytes for the hosts that do not have it.
+/// The program a cluster runs, as bytes for the hosts that do not have it:
+/// in memory where the controller read them, else read from the host's
+/// blob store the first time an actor ships them on (a proc keeps no copy
+/// of a program it only runs).
 #[derive(Clone)]
 pub(crate) struct ProgramBytes {
     pub(crate) sha256: String,
-    pub(crate) bytes: Arc<Vec<u8>>,
+    /// What an instance of it takes from its engine's pool.
+    pub(crate) needs: crate::engine::Needs,
+    bytes: Arc<std::sync::OnceLock<Arc<Vec<u8>>>>,
+    file: Option<std::path::PathBuf>,
+}
+
+impl ProgramBytes {
+    /// A program held in memory.
+    pub(crate) fn in_memory(sha256: String, needs: crate::engine::Needs, bytes: Vec<u8>) -> Self {
+        ProgramBytes {
+            sha256,
+            needs,
+            bytes: Arc::new(Arc::new(bytes).into()),
+            file: None,
+        }
+    }
+
+    /// A program in the file `file`, read when first needed.
+    pub(crate) fn in_file(
+        sha256: String,
+        needs: crate::engine::Needs,
+        file: std::path::PathBuf,
+    ) -> Self {
+        ProgramBytes {
+            sha256,
+            needs,
+            bytes: Arc::default(),
+            file: Some(file),
+        }
+    }
+
+    /// The program's bytes.
+    pub(crate) fn bytes(&self) -> Result<Arc<Vec<u8>>, String> {
+        if let Some(bytes) = self.bytes.get() {
+            return Ok(bytes.clone());
+        }
+        let file = self.file.as_ref().ok_or("the program's bytes are gone")?;
+        let bytes = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        Ok(self.bytes.get_or_init(|| Arc::new(bytes)).clone())
+    }
 }
 
 /// What every instance of one program on one OS process shares: the
@@ -372,6 +414,9 @@ pub struct HostState {
     /// Called once the instance has a mesh client of its own (an actor's
     /// first spawn), so that its actor hears of failures while idle.
     pub(crate) on_client: Option<ClientHook>,
+    /// The instance's place in its engine's pool, given back with the
+    /// store.
+    pub(crate) slot: Option<crate::engine::Slot>,
 }
 
 impl WasiView for HostState {
@@ -464,6 +509,7 @@ impl HostState {
             interrupt: Arc::default(),
             unsupervised: None,
             on_client: None,
+            slot: None,
         }
     }
 
@@ -1031,10 +1077,14 @@ impl HostState {
             Err(e) => return Ok(Err(e)),
         };
         let program = &self.cluster.program;
-        if let Err(e) = client
-            .put_blob(&program.sha256, program.bytes.clone())
-            .await
-        {
+        let shipped = match program.bytes() {
+            Ok(bytes) => client
+                .put_blob(&program.sha256, bytes)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = shipped {
             return Ok(Err(format!("cannot ship the program to its hosts: {e}")));
         }
         let params = WasmSpawnParams {
@@ -1057,6 +1107,7 @@ impl HostState {
             }),
             grants: self.cluster.sandbox.grants.clone(),
             max_procs: self.cluster.sandbox.max_procs,
+            max_instances: self.cluster.sandbox.max_instances,
         };
         let dims: Vec<(String, u32)> = extent.iter().map(|d| (d.name.clone(), d.size)).collect();
         let timeout = self

@@ -127,6 +127,13 @@ struct RunArgs {
     /// child proc runs on a thread of its own.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
     threads: u16,
+    /// Component instances one process holds at once: with
+    /// --in-process the controller and every actor, else the actors of one
+    /// proc. The pool is sized for the program (an interpreter such as
+    /// Python makes more core instances than Rust), and reserves address
+    /// space, not memory, for each.
+    #[arg(long, default_value_t = monarch_host::engine::DEFAULT_MAX_INSTANCES, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    max_instances: u32,
     /// Arguments passed to the program's `run`.
     #[arg(last = true)]
     args: Vec<String>,
@@ -177,6 +184,7 @@ fn main() -> ExitCode {
         dirs,
         env,
         threads,
+        max_instances,
         args,
     } = match cli.command {
         Command::Bootstrap => return bootstrap(),
@@ -245,6 +253,7 @@ fn main() -> ExitCode {
         fanout,
         handler_timeout,
         grants: Grants { dirs, env },
+        max_instances,
     };
     let log = Arc::new(|line: &str| println!("{line}"));
     let outcome = runtime.block_on(async move {

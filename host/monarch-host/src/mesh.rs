@@ -203,6 +203,13 @@ pub struct WasmSpawnParams {
     /// The most procs the actor may itself spawn.
     #[serde(default)]
     pub max_procs: usize,
+    /// Component instances one proc holds at once (`--max-instances`).
+    #[serde(default = "default_max_instances")]
+    pub max_instances: u32,
+}
+
+fn default_max_instances() -> u32 {
+    crate::engine::DEFAULT_MAX_INSTANCES
 }
 
 impl WasmSpawnParams {

@@ -16,7 +16,7 @@ use wasmtime::component::types::ComponentItem;
 use wasmtime::component::{Component, InstancePre, TypedFunc};
 
 use crate::bindings::{Program, ProgramPre};
-use crate::engine::{self, LoadError, Placement, Sandbox};
+use crate::engine::{self, LoadError, Placement, PoolShape, Sandbox};
 use crate::host::{
     AttachedProcs, Cluster, HostState, JobHooks, LogSink, MeshObserver, ProgramBytes, linker,
     new_store,
@@ -66,14 +66,21 @@ pub async fn run_program(
     sandbox: Sandbox,
     log: LogSink,
 ) -> Result<(), RunError> {
-    let engine =
-        engine::new_engine(sandbox.memory_bytes).map_err(|e| RunError::Host(format!("{e:#}")))?;
-    engine::start_epoch_ticker(&engine);
     let started = Instant::now();
     let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
         path: path.to_path_buf(),
         source,
     })?;
+    // The pool is sized for this program: its instances (the controller and
+    // in-process actors) take what it was read to need.
+    let footprint = engine::inspect(path, &bytes)?;
+    let shape = PoolShape::for_program(
+        &footprint.needs,
+        sandbox.max_instances,
+        sandbox.memory_bytes,
+    );
+    let engine = engine::pooled_engine(&shape).map_err(|e| RunError::Host(format!("{e:#}")))?;
+    engine::start_epoch_ticker(&engine);
     let prepared = Prepared::new(&engine, path, bytes)?;
     tracing::info!(
         sha256 = %prepared.sha256(),
@@ -160,10 +167,7 @@ impl Prepared {
         Ok(Prepared {
             engine: engine.clone(),
             entry,
-            program: ProgramBytes {
-                sha256: loaded.sha256,
-                bytes: Arc::new(bytes),
-            },
+            program: ProgramBytes::in_memory(loaded.sha256, loaded.footprint.needs, bytes),
             cached: loaded.cached,
         })
     }
@@ -194,6 +198,21 @@ impl Prepared {
         cancel: impl std::future::Future<Output = String>,
     ) -> Result<(), RunError> {
         let deadline = sandbox.deadline;
+        // A cap below the program's initial memory fails every instance;
+        // say so before starting anything.
+        if self.program.needs.initial_memory > sandbox.memory_bytes as u64 {
+            return Err(RunError::Load(LoadError::MemoryCap {
+                path: "the program".into(),
+                needed: self.program.needs.initial_memory,
+                cap: sandbox.memory_bytes,
+            }));
+        }
+        // The controller's instance takes a place in its engine's pool, as
+        // every actor's does.
+        let slot = match engine::pool(&self.engine) {
+            Some(pool) => Some(pool.reserve().map_err(RunError::Host)?),
+            None => None,
+        };
         let (attached, client) = match mesh {
             Mesh::Fresh => (None, None),
             Mesh::Attached { client, procs } => (Some(procs), Some(client)),
@@ -242,6 +261,7 @@ impl Prepared {
             .then(|| "[controller] ".to_string());
         let mut state = HostState::new(cluster.clone(), &mailbox, "controller".into(), output);
         state.watch(client.subscribe());
+        state.slot = slot;
         let mut store = new_store(&cluster, state);
         let run = tokio::time::timeout(deadline, async {
             let trapped = |e: wasmtime::Error| match e.downcast_ref::<wasmtime_wasi::I32Exit>() {

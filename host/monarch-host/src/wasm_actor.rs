@@ -51,6 +51,9 @@ pub struct WasmActor {
     /// Tasks that wake the actor when a mesh it owns has news (AO-2);
     /// they end with it.
     watchers: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    /// Its place in the engine's pool, taken when it was spawned and handed
+    /// to its instance's store in `init`.
+    slot: Option<engine::Slot>,
 }
 
 impl Drop for WasmActor {
@@ -128,6 +131,7 @@ impl Actor for WasmActor {
         let output = format!("[{} {}] ", self.mesh, self.rank);
         let mut state = HostState::new(self.cluster.clone(), &mailbox, who, Some(output));
         state.interrupt = self.interrupt.clone();
+        state.slot = self.slot.take();
         // What the actor spawns is its own: failures go to its `supervise`
         // export, between messages (AO-2).
         state.unsupervised = Some(Default::default());
@@ -165,7 +169,14 @@ impl Actor for WasmActor {
         let program = pre
             .instantiate_async(&mut store)
             .await
-            .map_err(|e| anyhow!("instantiating the program: {e:?}"))?;
+            .map_err(|e| match e.downcast_ref::<wasmtime::PoolConcurrencyLimitError>() {
+                // More instances than the pool was sized for (a program
+                // that makes more core instances than it was read to).
+                Some(full) => anyhow!(
+                    "instantiating the program: this process's instance pool is exhausted ({full}); spawn fewer actors per proc, or raise --max-instances"
+                ),
+                None => anyhow!("instantiating the program: {e:?}"),
+            })?;
         let create = program.monarch_host_actor_class().call_create(
             &mut store,
             &self.class,
@@ -374,9 +385,10 @@ struct Compiled {
     program: ProgramBytes,
 }
 
-/// The programs this process has compiled, by sha256. A proc of a
-/// persistent mesh runs many jobs: each spawn gets a cluster of its own
-/// (its deadline, memory cap, call timeout) around the shared compiled form.
+/// The programs this process has compiled, by sha256 and pool size. A
+/// proc of a persistent mesh runs many jobs: each spawn gets a cluster of
+/// its own (its deadline, memory cap, call timeout) around the shared
+/// compiled form.
 type Programs = Arc<Mutex<HashMap<String, Arc<OnceCell<Arc<Compiled>>>>>>;
 
 /// Log sinks by the events port they send to: one mailbox per controller.
@@ -404,10 +416,11 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
             program: cluster.program.clone(),
         };
         let cell = OnceCell::new_with(Some(Arc::new(compiled)));
+        let key = program_key(&cluster.program.sha256, cluster.sandbox.max_instances);
         programs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(cluster.program.sha256.clone(), Arc::new(cell));
+            .insert(key, Arc::new(cell));
     }
     let mut registry = Registry::new(blob_dir);
     registry.register(
@@ -422,13 +435,29 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
                 let cell = programs
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .entry(params.sha256.clone())
+                    .entry(program_key(&params.sha256, params.max_instances))
                     .or_default()
                     .clone();
                 let compiled = cell
                     .get_or_try_init(|| load_program(&args, &params))
                     .await?
                     .clone();
+                let needs = &compiled.program.needs;
+                if needs.initial_memory > params.memory_bytes as u64 {
+                    return Err(engine::LoadError::MemoryCap {
+                        path: "the program".into(),
+                        needed: needs.initial_memory,
+                        cap: params.memory_bytes,
+                    }
+                    .to_string());
+                }
+                // A place in the pool, taken before the actor starts: the
+                // actors of one spawn take theirs in rank order, so the
+                // first that does not fit is the one the error names.
+                let slot = match engine::pool(&compiled.engine) {
+                    Some(pool) => Some(pool.reserve()?),
+                    None => None,
+                };
                 let log = match known_log {
                     Some((sha, log)) if sha == params.sha256 => log,
                     _ => log_to(&sinks, &args.proc, &args.events)?,
@@ -453,6 +482,7 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
                     fanout: params.fanout,
                     handler_timeout,
                     grants: params.grants,
+                    max_instances: params.max_instances,
                 };
                 let cluster = Cluster::for_actor(
                     compiled.engine.clone(),
@@ -479,6 +509,7 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
                     handler_timeout,
                     interrupt: Arc::default(),
                     watchers: Arc::default(),
+                    slot,
                 };
                 let interrupt = actor.interrupt.clone();
                 let spawned = SpawnedActor::start(&args, actor).await?;
@@ -494,7 +525,8 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
     // the process that runs the controller has compiled it already.
     if !compiled_here {
         registry.on_blob(Arc::new(|path| {
-            let engine = worker_engine()?;
+            let footprint = engine::inspect_file(path).map_err(|e| e.to_string())?;
+            let engine = worker_engine(&footprint.needs, engine::DEFAULT_MAX_INSTANCES)?;
             engine::load(&engine, path)
                 .map(|_| ())
                 .map_err(|e| e.to_string())
@@ -503,46 +535,64 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
     registry
 }
 
-/// This process's engine for programs it did not start itself. One proc
-/// runs actors of many runs (a persistent mesh of the server), each with
-/// its own memory cap, which the stores' limits enforce; the engine's pool
-/// takes up to the most a 32-bit memory can grow to, as much address space
-/// as each slot reserves anyway.
-fn worker_engine() -> Result<wasmtime::Engine, String> {
-    static ENGINE: OnceLock<Result<wasmtime::Engine, String>> = OnceLock::new();
-    ENGINE
-        .get_or_init(|| {
-            let engine = engine::new_engine(4 << 30).map_err(|e| format!("{e:#}"))?;
-            engine::start_epoch_ticker(&engine);
-            Ok(engine)
-        })
-        .clone()
+/// The key of a program compiled in this process: its sha256, and the
+/// size of the pool its instances come from.
+fn program_key(sha256: &str, max_instances: u32) -> String {
+    format!("{sha256}/{max_instances}")
+}
+
+/// The most linear memory an engine for programs this process did not
+/// start allows one instance: as much as a 32-bit memory can grow to, as
+/// much address space as each slot reserves anyway. One proc runs actors
+/// of many runs (a persistent mesh of the server), each with its own memory
+/// cap, which the stores' limits enforce.
+const WORKER_MEMORY: usize = 4 << 30;
+
+/// This process's engine for instances of programs that need `needs`, in a
+/// pool of `instances`: one engine per pool shape, made on first use and
+/// kept (programs of one kind share a shape; see [`engine::PoolShape`]).
+fn worker_engine(needs: &engine::Needs, instances: u32) -> Result<wasmtime::Engine, String> {
+    type Engines = Mutex<HashMap<engine::PoolShape, wasmtime::Engine>>;
+    static ENGINES: OnceLock<Engines> = OnceLock::new();
+    let shape = engine::PoolShape::for_program(needs, instances, WORKER_MEMORY);
+    let mut engines = ENGINES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(engine) = engines.get(&shape) {
+        return Ok(engine.clone());
+    }
+    let engine = engine::pooled_engine(&shape).map_err(|e| format!("{e:#}"))?;
+    engine::start_epoch_ticker(&engine);
+    engines.insert(shape, engine.clone());
+    Ok(engine)
 }
 
 /// Loads a program from the host's blob store, through the compile cache.
+/// The blob is mapped, not read: the proc keeps no copy of its bytes.
 async fn load_program(args: &SpawnArgs, params: &WasmSpawnParams) -> Result<Arc<Compiled>, String> {
     let path = blob_path(&args.blob_dir, &params.sha256)?;
-    let engine = worker_engine()?;
-    let loaded = {
-        let (engine, path) = (engine.clone(), path.clone());
-        tokio::task::spawn_blocking(move || engine::load(&engine, &path))
-            .await
-            .map_err(|e| format!("loading the program panicked: {e}"))?
-            .map_err(|e| e.to_string())?
+    let instances = params.max_instances;
+    let (engine, pre, needs) = {
+        let path = path.clone();
+        tokio::task::spawn_blocking(move || {
+            let footprint = engine::inspect_file(&path).map_err(|e| e.to_string())?;
+            let engine = worker_engine(&footprint.needs, instances)?;
+            let loaded = engine::load(&engine, &path).map_err(|e| e.to_string())?;
+            let linker = linker(&engine).map_err(|e| format!("{e:#}"))?;
+            let pre = linker
+                .instantiate_pre(&loaded.component)
+                .and_then(ProgramPre::new)
+                .map_err(|e| format!("the program does not fit this host: {e:#}"))?;
+            Ok::<_, String>((engine, pre, footprint.needs))
+        })
+        .await
+        .map_err(|e| format!("loading the program panicked: {e}"))??
     };
-    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let linker = linker(&engine).map_err(|e| format!("{e:#}"))?;
-    let pre = linker
-        .instantiate_pre(&loaded.component)
-        .and_then(ProgramPre::new)
-        .map_err(|e| format!("the program does not fit this host: {e:#}"))?;
     Ok(Arc::new(Compiled {
         engine,
         pre,
-        program: ProgramBytes {
-            sha256: params.sha256.clone(),
-            bytes: Arc::new(bytes),
-        },
+        program: ProgramBytes::in_file(params.sha256.clone(), needs, path),
     }))
 }
 

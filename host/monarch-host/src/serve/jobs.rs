@@ -276,6 +276,7 @@ async fn run(
             .and_then(|s| Duration::try_from_secs_f64(s).ok())
             .map(|d| d.max(Duration::from_millis(1))),
         grants,
+        max_instances: crate::engine::DEFAULT_MAX_INSTANCES,
     };
     let (mesh, view, fresh) = match &target {
         Target::Persistent(name) => {

@@ -357,8 +357,14 @@ impl Server {
                 "jobs left unfinished by the last run were marked failed"
             );
         }
-        let engine = engine::new_engine(config.max_limits.memory_mib as usize * (1 << 20))
-            .map_err(|e| format!("cannot start the engine: {e:#}"))?;
+        // Jobs' controllers, of programs not known yet (their actors run in
+        // child procs, whose pools are sized for their program).
+        let shape = engine::PoolShape::any_program(
+            engine::DEFAULT_MAX_INSTANCES,
+            config.max_limits.memory_mib as usize * (1 << 20),
+        );
+        let engine =
+            engine::pooled_engine(&shape).map_err(|e| format!("cannot start the engine: {e:#}"))?;
         engine::start_epoch_ticker(&engine);
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
