@@ -12,6 +12,7 @@ from monarch import _preload  # noqa: F401 - the standard library a program may 
 from monarch import _program, _runtime
 import monarch.actor  # noqa: F401 - the public API, imported by most programs
 import monarch.rdma  # noqa: F401 - read back when a buffer reference arrives
+import monarch.tensor  # noqa: F401 - imported lazily by programs that use tensors
 
 import _monarch_build
 

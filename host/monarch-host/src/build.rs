@@ -43,6 +43,10 @@ const PYTHON_SDK: &[Bundled] = &[
         include_str!("../../../guest-sdk/python/monarch/rdma.py"),
     ),
     (
+        "python/monarch/tensor.py",
+        include_str!("../../../guest-sdk/python/monarch/tensor.py"),
+    ),
+    (
         "python/monarch/_codec.py",
         include_str!("../../../guest-sdk/python/monarch/_codec.py"),
     ),
