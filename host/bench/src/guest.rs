@@ -79,7 +79,7 @@ pub async fn run(
 }
 
 /// The record in one line of the guest's log, if it holds one.
-fn parse_line(line: &str) -> anyhow::Result<Option<Record>> {
+pub fn parse_line(line: &str) -> anyhow::Result<Option<Record>> {
     let Some(record) = line.split("BENCH ").nth(1) else {
         return Ok(None);
     };

@@ -149,8 +149,38 @@
 //! the single bare stream. About 20 s on two cores (3 GiB resident across
 //! the two processes of the transfers); `--quick` moves 64 MiB, multiplies
 //! at N = 256, all-reduces 8 MiB a rank and takes a few seconds.
+//!
+//! ## `anylang`: the same program in Rust, Python and JavaScript
+//!
+//! One program written three times (`host/bench/guest`'s `anylang` mode,
+//! `host/bench/programs/python/anylang.py`,
+//! `host/bench/programs/js/anylang.js`), built by the suite (cargo,
+//! `monarch-host build`, `node guest-sdk/js/build.mjs`; not timed) and run
+//! with `monarch-host run` as a user runs it, languages taking turns in
+//! each phase. The programs time calls and spawns themselves with the WASI
+//! monotonic clock (see `anylang.rs`); the suite times whole runs.
+//! `PREFIX` is `rust`, `py` or `js`.
+//!
+//! | metric | what | unit |
+//! | --- | --- | --- |
+//! | `raw_unix_rtt_us` | floor: 64 bytes there and back over a Unix socket, blocking std sockets, two processes | us |
+//! | `host_exec_ms` | floor: `monarch-host --version` end to end (starting the host's process); median of 10 | ms |
+//! | `PREFIX_call_rtt_child_us` | sequential `call_one` from the controller to one actor in a child proc, handler replies at once; median of 3,000 after 300 | us |
+//! | `PREFIX_call_rtt_child_20us_handler_us` | the same, the handler busy-waits 20 us on the clock first | us |
+//! | `PREFIX_call_rtt_inproc_us` | `call_one` to an actor in the controller's process (`run --in-process`) | us |
+//! | `PREFIX_call_rtt_inproc_20us_handler_us` | the same with the 20 us handler | us |
+//! | `PREFIX_actor_cost_ms` | `(t(200) - t(1)) / 199`, `t(N)` the time to spawn a mesh of N actors on one proc (median of 3, each on a fresh proc whose first actor is already up) | ms |
+//! | `PREFIX_cold_start_s` | `monarch-host run APP -- hello` (a proc, an actor, one call) with an empty `MONARCH_CACHE_DIR`, so the component is compiled; median of 3 | s |
+//! | `PREFIX_warm_start_s` | the same with the compile cache of the first cold run; median of 3 | s |
+//!
+//! A language whose toolchain is missing (cargo with `wasm32-wasip2`,
+//! componentize-py, node and jco) is skipped with a line on stderr and its
+//! metrics are not printed; `--require-all` fails instead. About 80 s on
+//! two cores, most of it Python's cold starts; `--quick` (100 calls, one
+//! run of each start, meshes of 1 and 10) about 35 s.
 
 mod allreduce;
+mod anylang;
 mod controller;
 mod dataplane;
 mod driver;
@@ -192,7 +222,11 @@ Examples:
   monarch-bench dataplane          1 GiB between two processes through monarch-rdma's TCP
                                    backend next to a bare TCP stream, tensor matmul GFLOP/s, and
                                    a tensor all-reduce over 4 child procs next to raw Unix sockets
-                                   (about 20 s; --quick moves 64 MiB)";
+                                   (about 20 s; --quick moves 64 MiB)
+  monarch-bench anylang            the same program in Rust, Python and JavaScript side by side:
+                                   call round trips, cost per actor, cold and warm starts through
+                                   monarch-host run (about a minute; needs target/release/monarch-host,
+                                   componentize-py, node and jco; a missing one skips its language)";
 
 /// Benchmarks of monarch-host, each read against a floor measured in the same run.
 #[derive(Debug, Parser)]
@@ -274,6 +308,25 @@ enum Suite {
     /// tensor_allreduce_floor_gbps, median of 7 turns (Gbit/s). About 20 s
     /// on 2 cores.
     Dataplane(dataplane::DataplaneArgs),
+
+    /// The same program in Rust, Python and JavaScript, side by side in one
+    /// run through `monarch-host run`: call round trips to an actor in a
+    /// child proc and in process (a handler that replies at once, and one
+    /// that busy-waits 20 us), the cost of one more actor in a mesh on one
+    /// proc, and cold (empty compile cache) and warm starts, next to a bare
+    /// Unix socket round trip and `monarch-host --version` (the floors).
+    ///
+    /// Metrics, each with the prefix rust_, py_ and js_: call_rtt_child_us,
+    /// call_rtt_child_20us_handler_us, call_rtt_inproc_us,
+    /// call_rtt_inproc_20us_handler_us (medians of 3,000 calls, us),
+    /// actor_cost_ms ((t(200) - t(1)) / 199 for spawning a mesh of N actors
+    /// on one proc, medians of 3, ms), cold_start_s, warm_start_s (`monarch-host
+    /// run APP -- hello`, medians of 3, s); and the floors raw_unix_rtt_us and
+    /// host_exec_ms. Builds the programs first (cargo, `monarch-host build`
+    /// with componentize-py, node with jco); a language whose toolchain is
+    /// missing is skipped with a line on stderr (`--require-all` fails
+    /// instead). About a minute on 2 cores, most of it Python's cold starts.
+    Anylang(anylang::AnylangArgs),
 
     /// A proc of the mesh and serve suites, as `monarch-host bootstrap`: started by the
     /// suite itself, configured through the environment.
@@ -425,6 +478,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         // Before any runtime: it sets the compile cache's directory.
         Suite::Serve(args) => serve::main(args),
         Suite::Dataplane(args) => dataplane::main(args),
+        Suite::Anylang(args) => anylang::main(args),
         Suite::DataplaneWorker { bytes } => dataplane::serve_worker(bytes),
         Suite::Bootstrap => bootstrap(),
         Suite::TensorBootstrap => allreduce::serve_tensor_proc(),

@@ -49,7 +49,7 @@ use tokio::io::{AsyncBufReadExt as _, BufReader};
 
 use crate::guest::{self, Record};
 use crate::raw::RawStream;
-use crate::report::{Spread, Unit, emit, median};
+use crate::report::{Unit, emit, log_spread, median};
 use crate::runtime::raw_rtt;
 use crate::worker::{Scratch, Worker};
 
@@ -179,17 +179,7 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
     floor.extend(more);
     drop(raw);
     raw_worker.stop().await?;
-    if let Some(spread) = Spread::of(&floor) {
-        tracing::info!(
-            metric = "raw_unix_rtt_us",
-            samples = floor.len(),
-            p10 = format!("{:.2}", spread.p10),
-            p50 = format!("{:.2}", spread.p50),
-            p90 = format!("{:.2}", spread.p90),
-            p99 = format!("{:.2}", spread.p99),
-            "round trip, us"
-        );
-    }
+    log_spread("raw_unix_rtt_us", &floor, "round trip, us");
     let floor = median(&floor).context("no samples for raw_unix_rtt_us")?;
     emit(SUITE, "raw_unix_rtt_us", floor, Unit::Micros)?;
     log_ratios(&records, floor);
@@ -211,6 +201,7 @@ fn log_ratios(records: &[Record], floor_us: f64) {
             Unit::Nanos => record.value / 1e3,
             Unit::Micros => record.value,
             Unit::Millis => record.value * 1e3,
+            Unit::Seconds => record.value * 1e6,
             Unit::CallsPerSec | Unit::MsgsPerSec => continue,
         };
         tracing::info!(

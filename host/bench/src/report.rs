@@ -19,6 +19,8 @@ pub enum Unit {
     Nanos,
     /// Milliseconds, for spawning.
     Millis,
+    /// Seconds, for whole runs of a program.
+    Seconds,
 }
 
 impl Unit {
@@ -30,13 +32,29 @@ impl Unit {
             Unit::MsgsPerSec => "msgs/s",
             Unit::Nanos => "ns",
             Unit::Millis => "ms",
+            Unit::Seconds => "s",
         }
     }
 
-    /// Rounds a value to the precision worth printing in this unit.
+    /// Rounds a value to the precision worth printing in this unit: times
+    /// to two decimals (seconds to three), but to three significant digits
+    /// below one unit, so that a small figure keeps its precision.
     fn round(self, value: f64) -> f64 {
+        let decimals = |places: i32| {
+            let scale = 10_f64.powi(places);
+            (value * scale).round() / scale
+        };
         match self {
-            Unit::Micros | Unit::Nanos | Unit::Millis => (value * 100.0).round() / 100.0,
+            Unit::Micros | Unit::Nanos | Unit::Millis | Unit::Seconds => {
+                let places = if self == Unit::Seconds { 3 } else { 2 };
+                if value.abs() >= 1.0 || value == 0.0 || !value.is_finite() {
+                    decimals(places)
+                } else {
+                    // Three significant digits: 0.0123 has its first at 10^-2.
+                    let first = value.abs().log10().floor() as i32;
+                    decimals(places.max(2 - first))
+                }
+            }
             Unit::CallsPerSec | Unit::MsgsPerSec => value.round(),
         }
     }
@@ -150,6 +168,23 @@ impl Spread {
     }
 }
 
+/// Logs the spread of `samples` of `metric` (samples, p10, p50, p90,
+/// p99) with the message `what` (what they are and their unit); nothing
+/// for no samples.
+pub fn log_spread(metric: &str, samples: &[f64], what: &str) {
+    if let Some(spread) = Spread::of(samples) {
+        tracing::info!(
+            metric,
+            samples = samples.len(),
+            p10 = format!("{:.2}", spread.p10),
+            p50 = format!("{:.2}", spread.p50),
+            p90 = format!("{:.2}", spread.p90),
+            p99 = format!("{:.2}", spread.p99),
+            "{what}"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,6 +210,11 @@ mod tests {
     fn units_round_to_what_is_worth_printing() {
         assert_eq!(Unit::Micros.round(14.236), 14.24);
         assert_eq!(Unit::CallsPerSec.round(1234.6), 1235.0);
+        assert_eq!(Unit::Millis.round(0.123_456), 0.123);
+        assert_eq!(Unit::Millis.round(0.004_567_8), 0.004_57);
+        assert_eq!(Unit::Seconds.round(12.345_67), 12.346);
+        assert_eq!(Unit::Seconds.round(0.028_76), 0.028_8);
+        assert_eq!(Unit::Seconds.round(0.287_6), 0.288);
         assert_eq!(Rate::Gbps.round(14.356), 14.36);
         assert_eq!(Rate::Gflops.round(103.114), 103.11);
     }

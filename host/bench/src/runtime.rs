@@ -25,7 +25,7 @@ use hyperactor::{ActorId, ActorRef, Mailbox, Proc, ProcConfig, ProcId};
 
 use crate::driver::{Completed, Driver, OneWay, Pipeline, TimeCalls};
 use crate::raw::RawStream;
-use crate::report::{Spread, Unit, emit, median};
+use crate::report::{Unit, emit, log_spread, median};
 use crate::worker::{ECHO_ACTOR, Flavor, Scratch, Worker};
 
 const SUITE: &str = "runtime";
@@ -223,17 +223,7 @@ impl Samples {
     }
 
     fn median(&self, metric: &str) -> anyhow::Result<f64> {
-        if let Some(spread) = Spread::of(&self.0) {
-            tracing::info!(
-                metric,
-                samples = self.0.len(),
-                p10 = format!("{:.2}", spread.p10),
-                p50 = format!("{:.2}", spread.p50),
-                p90 = format!("{:.2}", spread.p90),
-                p99 = format!("{:.2}", spread.p99),
-                "round trip, us"
-            );
-        }
+        log_spread(metric, &self.0, "round trip, us");
         median(&self.0).with_context(|| format!("no samples for {metric}"))
     }
 }

@@ -42,7 +42,7 @@ use monarch_host::serve::client::ApiClient;
 use monarch_host::serve::{ServeConfig, Server};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use crate::report::{Spread, Unit, emit, median};
+use crate::report::{Unit, emit, log_spread, median};
 use crate::worker::{Flavor, Scratch};
 
 const SUITE: &str = "serve";
@@ -354,7 +354,7 @@ impl Suite<'_> {
         for _ in 0..s.first_log_samples {
             first_log.push(submit_to_first_log(&client, &on_mesh).await?);
         }
-        log_spread("submit_to_first_log_ms", &first_log, "ms");
+        log_spread("submit_to_first_log_ms", &first_log, "spread, ms");
         let first_log = median(&first_log).context("no submit_to_first_log samples")?;
 
         // An API call with a database read, through the client, for scale.
@@ -374,7 +374,7 @@ impl Suite<'_> {
                 .map_err(|e| anyhow::anyhow!("GET /v1/jobs/{probe} failed: {e}"))?;
             api.push(started.elapsed().as_secs_f64() * 1e6);
         }
-        log_spread("get_job_us (ApiClient, not a metric)", &api, "us");
+        log_spread("get_job_us (ApiClient, not a metric)", &api, "spread, us");
 
         // jobs_per_s on the persistent mesh.
         let submitters = self.args.submitters as usize;
@@ -427,7 +427,7 @@ impl Suite<'_> {
         // The floor, second half.
         tokio::time::sleep(FLOOR_SETTLE).await;
         floor.extend(raw.rtts(s.floor_samples / 2).await?);
-        log_spread("http_rtt_us", &floor, "us");
+        log_spread("http_rtt_us", &floor, "spread, us");
         let floor = median(&floor).context("no samples for http_rtt_us")?;
 
         emit(SUITE, "submit_to_first_log_ms", first_log, Unit::Millis)?;
@@ -603,20 +603,6 @@ fn emit_jobs_per_s(metric: &str, value: f64) -> anyhow::Result<()> {
     writeln!(stdout, "{record}")?;
     stdout.flush()?;
     Ok(())
-}
-
-fn log_spread(metric: &str, samples: &[f64], unit: &str) {
-    if let Some(spread) = Spread::of(samples) {
-        tracing::info!(
-            metric,
-            samples = samples.len(),
-            p10 = format!("{:.2}", spread.p10),
-            p50 = format!("{:.2}", spread.p50),
-            p90 = format!("{:.2}", spread.p90),
-            p99 = format!("{:.2}", spread.p99),
-            "spread, {unit}"
-        );
-    }
 }
 
 fn format_list(values: &[f64]) -> String {

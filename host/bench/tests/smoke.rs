@@ -54,10 +54,30 @@ const DATAPLANE_METRICS: [(&str, &str); 8] = [
     ("tensor_allreduce_floor_gbps", "Gbit/s"),
 ];
 
+/// Every metric of the anylang suite for Rust alone, with its unit (the
+/// Python and JavaScript ones are the same with `py_` and `js_`).
+const ANYLANG_RUST_METRICS: [(&str, &str); 9] = [
+    ("rust_cold_start_s", "s"),
+    ("rust_warm_start_s", "s"),
+    ("rust_call_rtt_child_us", "us"),
+    ("rust_call_rtt_child_20us_handler_us", "us"),
+    ("rust_call_rtt_inproc_us", "us"),
+    ("rust_call_rtt_inproc_20us_handler_us", "us"),
+    ("rust_actor_cost_ms", "ms"),
+    ("raw_unix_rtt_us", "us"),
+    ("host_exec_ms", "ms"),
+];
+
 /// Runs the binary with `args`, killing it if it runs past `limit`.
 fn run(args: &[&str], limit: Duration) -> Output {
+    run_with_env(args, &[], limit)
+}
+
+/// [`run`] with more environment variables.
+fn run_with_env(args: &[&str], env: &[(&str, &str)], limit: Duration) -> Output {
     let mut child = Command::new(BIN)
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -262,6 +282,87 @@ fn dataplane_quick_prints_each_metric_once_as_json_and_nothing_else() {
     );
 }
 
+/// The `monarch-host` next to this binary, which the anylang suite runs
+/// by default; `None` (the test says so and passes) when this profile has
+/// none: `cargo build -p monarch-host` makes it.
+fn monarch_host() -> Option<PathBuf> {
+    let host = Path::new(BIN).with_file_name("monarch-host");
+    if host.is_file() {
+        Some(host)
+    } else {
+        eprintln!(
+            "skipped: {} does not exist (cargo build -p monarch-host)",
+            host.display()
+        );
+        None
+    }
+}
+
+#[test]
+fn anylang_quick_measures_rust_and_skips_a_missing_toolchain_with_a_line() {
+    let Some(_) = monarch_host() else { return };
+    let program = guest_program();
+    let program = program.to_str().expect("a UTF-8 path");
+    // An empty cache, so that the Python build cannot be found there, and
+    // no componentize-py or node: both languages are skipped.
+    let cache = std::env::temp_dir().join(format!("monarch-bench-smoke-{}", std::process::id()));
+    let output = run_with_env(
+        &[
+            "anylang",
+            "--quick",
+            "--rust-program",
+            program,
+            "--node",
+            "/nonexistent/monarch-bench/node",
+        ],
+        &[
+            ("MONARCH_CACHE_DIR", cache.to_str().expect("a UTF-8 path")),
+            (
+                "MONARCH_COMPONENTIZE_PY",
+                "/nonexistent/monarch-bench/componentize-py",
+            ),
+        ],
+        Duration::from_secs(180),
+    );
+    let _ = std::fs::remove_dir_all(&cache);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_records(output, "anylang", &ANYLANG_RUST_METRICS);
+    if std::env::var_os("RUST_LOG").is_none() {
+        assert!(stderr.contains("Python (py_* metrics) skipped"), "{stderr}");
+        assert!(stderr.contains("componentize-py"), "{stderr}");
+        assert!(
+            stderr.contains("JavaScript (js_* metrics) skipped"),
+            "{stderr}"
+        );
+        assert!(stderr.contains("jco"), "{stderr}");
+    }
+}
+
+#[test]
+fn anylang_require_all_fails_before_measuring_when_a_toolchain_is_missing() {
+    let Some(_) = monarch_host() else { return };
+    let output = run(
+        &[
+            "anylang",
+            "--quick",
+            "--languages",
+            "js",
+            "--node",
+            "/nonexistent/monarch-bench/node",
+            "--require-all",
+        ],
+        Duration::from_secs(60),
+    );
+    assert!(!output.status.success());
+    assert!(output.stdout.is_empty(), "no records on stdout");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("JavaScript (js_* metrics) could not be built"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--require-all"), "{stderr}");
+}
+
 #[test]
 fn an_unknown_suite_fails_with_a_message_and_no_records() {
     let output = run(&["no-such-suite"], Duration::from_secs(30));
@@ -293,6 +394,7 @@ fn help_names_the_suites_and_hides_the_worker_modes() {
     assert!(help.contains("mesh"), "{help}");
     assert!(help.contains("serve"), "{help}");
     assert!(help.contains("dataplane"), "{help}");
+    assert!(help.contains("anylang"), "{help}");
     assert!(!help.contains("raw-echo"), "{help}");
     assert!(!help.contains("dataplane-worker"), "{help}");
     assert!(!help.contains("bootstrap"), "{help}");

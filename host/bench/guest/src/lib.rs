@@ -1,11 +1,15 @@
-//! The guest half of `monarch-bench controller` and `monarch-bench mesh`.
+//! The guest half of `monarch-bench controller`, `monarch-bench mesh` and
+//! (for Rust) `monarch-bench anylang`.
 //! The controller measures with the monotonic clock WASI grants every
 //! program and logs one line per metric, `BENCH <metric> <value> <unit>`,
 //! which the host side prints as JSON.
 //!
 //! Arguments: `mesh` for the mesh suite (procs, gathers, broadcasts and
 //! reductions over many procs) instead of the controller suite; `quick`
-//! for a smoke run with few iterations.
+//! for a smoke run with few iterations; `anylang ...` for the Rust side of
+//! `monarch-bench anylang` (see [`anylang`]).
+
+mod anylang;
 
 use std::time::{Duration, Instant};
 
@@ -30,6 +34,16 @@ struct Ping(i64);
 impl Message for Ping {
     const ENDPOINT: &'static str = "ping";
     type Reply = i64;
+}
+
+/// `spin`: busy-waits on the clock for the given microseconds, then
+/// replies with them.
+#[derive(Serialize, Deserialize)]
+struct Spin(u64);
+
+impl Message for Spin {
+    const ENDPOINT: &'static str = "spin";
+    type Reply = u64;
 }
 
 /// `bump`: counts one more; sent with `broadcast`.
@@ -67,6 +81,7 @@ impl Actor for Echoer {
         endpoints
             .handle::<Echo>()
             .handle::<Ping>()
+            .handle::<Spin>()
             .handle::<Bump>()
             .handle::<Count>();
     }
@@ -81,6 +96,13 @@ impl Handler<Echo> for Echoer {
 impl Handler<Ping> for Echoer {
     async fn handle(&mut self, _cx: &Context, ping: Ping) -> Result<i64, EndpointError> {
         Ok(ping.0)
+    }
+}
+
+impl Handler<Spin> for Echoer {
+    async fn handle(&mut self, _cx: &Context, spin: Spin) -> Result<u64, EndpointError> {
+        anylang::spin(spin.0);
+        Ok(spin.0)
     }
 }
 
@@ -116,6 +138,9 @@ struct Sizes {
 }
 
 async fn main(args: Vec<String>) -> Result<(), String> {
+    if args.first().is_some_and(|a| a == "anylang") {
+        return anylang::main(&args[1..]).await;
+    }
     let quick = args.iter().any(|a| a == "quick");
     if args.iter().any(|a| a == "mesh") {
         return mesh_suite(quick).await;
