@@ -380,7 +380,7 @@ struct Pending {
 pub struct HostState {
     wasi: WasiCtx,
     table: ResourceTable,
-    limits: StoreLimits,
+    pub(crate) limits: Limits,
     cluster: Arc<Cluster>,
     caster: Caster,
     /// Events ready for `next-events`.
@@ -477,13 +477,7 @@ impl HostState {
             }
         }
         let wasi = wasi.build();
-        let limits = StoreLimitsBuilder::new()
-            .memory_size(cluster.sandbox.memory_bytes)
-            .instances(64)
-            .tables(64)
-            .memories(16)
-            .trap_on_grow_failure(true)
-            .build();
+        let limits = Limits::new(cluster.sandbox.memory_bytes);
         let call_timeout = cluster.sandbox.call_timeout;
         let mut table = ResourceTable::new();
         table.set_max_capacity(MAX_RESOURCES);
@@ -712,6 +706,100 @@ impl HostState {
         while let Some(event) = self.events.as_mut().and_then(|rx| rx.try_recv().ok()) {
             self.take_mesh_event(event);
         }
+    }
+}
+
+/// A store's limits: the memory cap, and at most 64 core instances, 64
+/// tables and 16 memories. A `memory.grow` past the cap fails (returns -1)
+/// instead of trapping, so that a guest with a garbage collector (Python,
+/// JavaScript) can collect and retry, and one that cannot (Rust's
+/// allocator aborts) traps on its own; the refusal is remembered, so that
+/// such a trap is reported as out of memory, naming the cap.
+pub(crate) struct Limits {
+    inner: StoreLimits,
+    cap: usize,
+    /// Why growing a memory was last refused, since [`Limits::clear`].
+    refused: Option<String>,
+}
+
+impl Limits {
+    fn new(cap: usize) -> Self {
+        Limits {
+            inner: StoreLimitsBuilder::new()
+                .memory_size(cap)
+                .instances(64)
+                .tables(64)
+                .memories(16)
+                .build(),
+            cap,
+            refused: None,
+        }
+    }
+
+    /// Forgets refusals: called before each export, so that a trap is
+    /// blamed on memory only if growing it was refused during that call.
+    pub(crate) fn clear(&mut self) {
+        self.refused = None;
+    }
+
+    /// Why the guest is out of memory, if growing its memory was refused
+    /// since the last [`Limits::clear`].
+    pub(crate) fn out_of_memory(&self) -> Option<&str> {
+        self.refused.as_deref()
+    }
+}
+
+impl wasmtime::ResourceLimiter for Limits {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let allowed = self.inner.memory_growing(current, desired, maximum)?;
+        if !allowed {
+            let mib = |bytes: usize| bytes.div_ceil(1 << 20);
+            self.refused = Some(if desired > self.cap {
+                format!(
+                    "growing memory to {} MiB was refused: the cap is {} MiB per instance (--memory)",
+                    mib(desired),
+                    mib(self.cap)
+                )
+            } else {
+                format!(
+                    "growing memory to {} MiB was refused: the memory's own maximum is {} MiB",
+                    mib(desired),
+                    mib(maximum.unwrap_or(desired))
+                )
+            });
+        }
+        Ok(allowed)
+    }
+
+    fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.refused = Some(format!("growing memory failed: {error}"));
+        Ok(())
+    }
+
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        self.inner.table_growing(current, desired, maximum)
+    }
+
+    fn instances(&self) -> usize {
+        self.inner.instances()
+    }
+
+    fn tables(&self) -> usize {
+        self.inner.tables()
+    }
+
+    fn memories(&self) -> usize {
+        self.inner.memories()
     }
 }
 

@@ -295,9 +295,14 @@ impl Prepared {
             outcome = run => outcome.unwrap_or(Err(RunError::Timeout(deadline))),
             reason = cancel => Err(RunError::Cancelled(reason)),
         };
-        // `exit(0)` is a success like returning `Ok`.
+        // `exit(0)` is a success like returning `Ok`; a trap after its
+        // memory could not grow says so first.
         let outcome = match outcome {
             Err(RunError::Exit(0)) => Ok(()),
+            Err(RunError::Trap(trap)) => match store.data().limits.out_of_memory() {
+                Some(why) => Err(RunError::Trap(format!("out of memory: {why}: {trap}"))),
+                None => Err(RunError::Trap(trap)),
+            },
             other => other,
         };
         let spawned = store.data_mut().take_spawned();

@@ -188,7 +188,7 @@ impl Actor for WasmActor {
             Ended::Returned(created) => created,
             Ended::Trapped(trap) => {
                 tracing::info!(actor = %cx.actor_id(), "trap in create: {trap:?}");
-                let fault = trap_fault(&trap, "create");
+                let fault = trap_fault(&trap, "create", store.data().limits.out_of_memory());
                 return Err(anyhow!("`create` trapped: {}", fault.message));
             }
             Ended::Deadline(after) => {
@@ -219,6 +219,7 @@ impl Handler<MeshCall> for WasmActor {
             0 => self.handler_timeout,
             ms => Some(Duration::from_millis(ms)),
         };
+        store.data_mut().limits.clear();
         let handle = program.monarch_host_actor_class().call_handle(
             &mut *store,
             &call.endpoint,
@@ -256,8 +257,9 @@ impl Handler<MeshCall> for WasmActor {
             // waiting on it, this one included, with the encoded fault.
             Ended::Trapped(trap) => {
                 tracing::info!(actor = %cx.actor_id(), endpoint, "trap: {trap:?}");
+                let fault = trap_fault(&trap, endpoint, store.data().limits.out_of_memory());
                 self.instance = None;
-                Err(anyhow!(trap_fault(&trap, endpoint).encode()))
+                Err(anyhow!(fault.encode()))
             }
             Ended::Deadline(after) => {
                 self.instance = None;
@@ -306,13 +308,17 @@ impl WasmActor {
             let Some(failure) = store.data_mut().next_unsupervised() else {
                 return Ok(());
             };
+            store.data_mut().limits.clear();
             let supervise = program
                 .monarch_host_actor_class()
                 .call_supervise(&mut *store, &failure);
             let why = match race(supervise, self.handler_timeout, &self.interrupt).await {
                 Ended::Returned(true) => continue,
                 Ended::Returned(false) => "its `supervise` did not handle it".to_string(),
-                Ended::Trapped(trap) => format!("its `supervise` trapped: {}", trap_reason(&trap)),
+                Ended::Trapped(trap) => format!(
+                    "its `supervise` trapped: {}",
+                    trap_fault(&trap, "supervise", store.data().limits.out_of_memory()).message
+                ),
                 Ended::Deadline(after) => format!(
                     "its `supervise` ran past the handler deadline of {} ms",
                     after.as_millis()
@@ -356,17 +362,21 @@ pub(crate) fn trap_reason(error: &wasmtime::Error) -> String {
 }
 
 /// What a trap in `endpoint` was, with its kind and the guest's Wasm
-/// backtrace (symbolized where the program has names).
-pub(crate) fn trap_fault(error: &wasmtime::Error, endpoint: &str) -> Fault {
-    let reason = trap_reason(error);
-    // The store's limiter refuses growth past the cap with this text (and
-    // `trap_on_grow_failure` turns it into a trap); a Rust guest whose
-    // allocator gets no memory aborts after printing the same words.
-    let out_of_memory = reason.contains("growing memory") || reason.contains("memory allocation");
-    let kind = if out_of_memory {
-        FaultKind::OutOfMemory
-    } else {
-        FaultKind::Trap
+/// backtrace (symbolized where the program has names). `out_of_memory`
+/// says why growing the guest's memory was refused during the call, if it
+/// was: the trap that follows (a Rust allocator's abort, an interpreter's
+/// unhandled `MemoryError`) is then of kind out-of-memory.
+pub(crate) fn trap_fault(
+    error: &wasmtime::Error,
+    endpoint: &str,
+    out_of_memory: Option<&str>,
+) -> Fault {
+    let (kind, reason) = match out_of_memory {
+        Some(why) => (
+            FaultKind::OutOfMemory,
+            format!("{why}, and then the guest trapped: {}", trap_reason(error)),
+        ),
+        None => (FaultKind::Trap, trap_reason(error)),
     };
     // The origin names the endpoint; the message is the trap itself.
     let mut fault = Fault::new(kind, reason).at_endpoint(endpoint);
