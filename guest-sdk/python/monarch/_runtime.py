@@ -281,6 +281,25 @@ class ProcMesh:
             raise RuntimeError(f"spawning {name!r}: {e.value}") from None
         return ActorMesh(handle, Class, _extent_of(handle.extent()), name)
 
+    def spawn_with(self, name, Class, args=(), kwargs=None, per_proc=None, handler_timeout=None):
+        """``spawn`` with monarch-host's options: ``per_proc`` puts several
+        actors on each proc (``{"actors": 8}``: the actor mesh's extent is
+        the proc mesh's followed by these dimensions); ``handler_timeout``
+        (seconds) bounds each handler, past which the actor fails with
+        kind ``deadline``."""
+        if not (isinstance(Class, type) and issubclass(Class, Actor)):
+            raise TypeError(f"spawn_with takes an Actor subclass, not {Class!r}")
+        init = _encode_args(args, kwargs or {})
+        options = _wt.SpawnOptions(
+            _wit_extent(per_proc or {}),
+            None if handler_timeout is None else max(1, round(handler_timeout * 1000)),
+        )
+        try:
+            handle = self._handle.spawn_with(name, class_key(Class), init, options)
+        except Err as e:
+            raise RuntimeError(f"spawning {name!r}: {e.value}") from None
+        return ActorMesh(handle, Class, _extent_of(handle.extent()), name)
+
     def info(self):
         """Where each proc runs: dicts of rank, id, host, pid and state."""
         out = []

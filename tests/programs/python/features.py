@@ -237,4 +237,8 @@ if victims.info()[1]["pid"] is not None:  # child procs (not --in-process)
     except SupervisionError as e:
         check("a call to a killed proc raises SupervisionError", e.kind == "proc-lost", e.kind)
 
+many = this_host().spawn_procs(per_host={"procs": 1}).spawn_with("many", Worker, args=(0,), per_proc={"actors": 50})
+check("spawn_with per_proc", dict(many.extent) == {"procs": 1, "actors": 50}
+      and many.rank.call(reduce="sum").get() == sum(range(50)), many.extent)
+
 print(f"done {len(passed)}")
