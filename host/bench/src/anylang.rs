@@ -130,6 +130,13 @@ pub struct AnylangArgs {
     /// `$JCO`).
     #[arg(long, value_name = "PATH", default_value = "node")]
     node: PathBuf,
+    /// After the suite, time a Monarch-style Python program
+    /// (`host/bench/programs/python/monarch_style.py`: 8 procs and a few
+    /// actor meshes) end to end, warm, under monarch-host and, unchanged,
+    /// under PyTorch Monarch with this Python (a venv with
+    /// `torchmonarch==0.7.0`), runs alternating.
+    #[arg(long, value_name = "PYTHON", num_args = 0..=1, default_missing_value = "target/peers-venv/bin/python")]
+    peers: Option<PathBuf>,
 }
 
 /// How much the suite measures.
@@ -274,9 +281,89 @@ pub fn main(args: AnylangArgs) -> anyhow::Result<()> {
     let exec = median(&execs).context("no samples for host_exec_ms")?;
     emit(SUITE, "host_exec_ms", exec, Unit::Millis)?;
     figures.log_side_by_side(floor, exec);
+    if let Some(python) = &args.peers {
+        monarch_style(&host, python, &args.repo, &settings)?;
+    }
     tracing::info!(
         seconds = format!("{:.1}", began.elapsed().as_secs_f64()),
         "anylang suite done"
+    );
+    Ok(())
+}
+
+/// The Monarch-style program, warm, under monarch-host and under Monarch:
+/// whole runs of the same file, alternating, after one run of each to
+/// build, compile and fill the page cache.
+fn monarch_style(
+    host: &Path,
+    python: &Path,
+    repo: &Path,
+    settings: &Settings,
+) -> anyhow::Result<()> {
+    let program = repo.join("host/bench/programs/python/monarch_style.py");
+    let python = if python.is_relative() && !python.exists() {
+        repo.join(python)
+    } else {
+        python.to_path_buf()
+    };
+    let time = |command: &mut Command, what: &str| -> anyhow::Result<f64> {
+        let started = Instant::now();
+        let output = command
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("cannot run {what}"))?;
+        let took = started.elapsed().as_secs_f64();
+        let text = output_text(&output);
+        if !output.status.success() || !text.contains("It didn't say hello") {
+            bail!("{what} failed ({}):\n{}", output.status, tail(&text));
+        }
+        Ok(took)
+    };
+    let ours = || {
+        time(
+            Command::new(host).arg("run").arg(&program),
+            "monarch-host run monarch_style.py",
+        )
+    };
+    let theirs = || {
+        time(
+            Command::new(&python).arg(&program),
+            "Monarch (python monarch_style.py)",
+        )
+    };
+    ours()?;
+    if let Err(e) = theirs() {
+        tracing::warn!(
+            "anylang: Monarch is not runnable with {} ({e:#}); install it with \
+             `python3 -m venv target/peers-venv && target/peers-venv/bin/pip install torchmonarch==0.7.0`",
+            python.display()
+        );
+        return Ok(());
+    }
+    let runs = if settings.exec_runs >= 10 { 5 } else { 2 };
+    let (mut mine, mut peer) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        mine.push(ours()?);
+        peer.push(theirs()?);
+    }
+    log_spread("py_monarch_program_s", &mine, "monarch-host, s");
+    log_spread(
+        "py_monarch_program_s (monarch-0.7.0)",
+        &peer,
+        "Monarch 0.7.0, s",
+    );
+    let (mine, peer) = (
+        median(&mine).context("no samples")?,
+        median(&peer).context("no samples")?,
+    );
+    emit(SUITE, "py_monarch_program_s", mine, Unit::Seconds)?;
+    println!(
+        "{}",
+        serde_json::json!({"suite": SUITE, "metric": "py_monarch_program_s", "peer": "monarch-0.7.0", "value": peer, "unit": "s"})
+    );
+    tracing::info!(
+        "the Monarch-style program: monarch-host {mine:.2} s, Monarch 0.7.0 {peer:.2} s ({:.2} of Monarch's time)",
+        mine / peer
     );
     Ok(())
 }
