@@ -29,10 +29,10 @@ enum Command {
     ///
     /// Example: monarch-host run hello.wasm -- --greeting hi
     Run(RunArgs),
-    /// Builds a Python program (`.py`) into a component of the world
-    /// `program`, with the bundled `monarch` SDK and WIT, and compiles it
-    /// into the cache so that its first run starts at once. `run app.py`
-    /// does this itself; `build` is for shipping the `.wasm`.
+    /// Builds a Python (`.py`) or JavaScript (`.js`) program into a
+    /// component of the world `program`, with the bundled SDK and WIT, and
+    /// compiles it into the cache so that its first run starts at once.
+    /// `run app.py` does this itself; `build` is for shipping the `.wasm`.
     ///
     /// Example: monarch-host build app.py -o app.wasm
     Build(BuildArgs),
@@ -66,8 +66,10 @@ enum Command {
 
 #[derive(Debug, clap::Args)]
 struct RunArgs {
-    /// The program: a .wasm component, e.g. built with
-    /// `cargo build --release --target wasm32-wasip2`.
+    /// The program: a .wasm component (e.g. built with `cargo build
+    /// --release --target wasm32-wasip2`), or a Python (`.py`) or
+    /// JavaScript (`.js`) program, built first as by `monarch-host build`
+    /// (cached: later runs start at once).
     app: PathBuf,
     /// The most procs the program may spawn; each is a child process.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
@@ -141,8 +143,9 @@ struct RunArgs {
 
 #[derive(Debug, clap::Args)]
 struct BuildArgs {
-    /// The program: a Python file (`.py`). Python files and packages next
-    /// to it are bundled too, so it may import them.
+    /// The program: a Python (`.py`) or JavaScript (`.js`) file. The
+    /// sources next to it (Python files and packages, JavaScript modules)
+    /// are bundled too, so it may import them.
     app: PathBuf,
     /// Where to write the component. Default: the cache that `run app.py`
     /// uses, whose path is printed.
