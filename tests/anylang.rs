@@ -135,6 +135,41 @@ fn the_python_examples_run_like_their_rust_twins() {
 }
 
 #[test]
+fn a_python_controller_drives_rust_actors() {
+    if !toolchains() {
+        return;
+    }
+    let library = format!("rust={}", env!("GUEST_COUNTER"));
+    let example = example("examples/python/cross_language.py");
+    for mode in [&[][..], &["--in-process"][..]] {
+        let mut args: Vec<&str> = mode.to_vec();
+        args.extend([example.as_str(), "--actors", &library]);
+        let run = monarch_host(&args, BUILD_LIMIT);
+        assert_eq!(run.code, Some(0), "{run:?}");
+        assert_eq!(
+            run.after("Rust counters after adding 5: "),
+            "[15, 15, 15]",
+            "{run:?}"
+        );
+        assert_eq!(run.after("summed in the host: "), "45", "{run:?}");
+        assert_eq!(
+            run.after("Rust said no: "),
+            "True cannot add -1: counters only count up",
+            "{run:?}"
+        );
+        assert_eq!(
+            run.after("a Python actor summed the Rust counters: "),
+            "45",
+            "{run:?}"
+        );
+    }
+    // A class of a library that was not given is refused by name.
+    let run = monarch_host(&[&example], BUILD_LIMIT);
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert!(run.stderr.contains("no actor library `rust`"), "{run:?}");
+}
+
+#[test]
 fn a_second_run_of_a_python_program_does_not_build_again() {
     if !toolchains() {
         return;

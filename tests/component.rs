@@ -778,3 +778,36 @@ fn cli_a_killed_tensor_proc_ends_data_parallel_with_an_error() {
         "names the tensor worker: {error}"
     );
 }
+
+/// polyglot: a Rust controller spawns actors written in Python (the actor
+/// library `py`, `tests/programs/python/greeters.py`, built by the
+/// command), gathers their replies, sums one in the host, and gets a
+/// Python `ValueError` back as an endpoint error of that type. Needs
+/// componentize-py (scripts/setup); `MONARCH_SKIP_ANYLANG=1` skips it.
+#[test]
+fn polyglot() {
+    if std::env::var_os("MONARCH_SKIP_ANYLANG").is_some() {
+        eprintln!("skipped: MONARCH_SKIP_ANYLANG is set");
+        return;
+    }
+    let greeters = Path::new(env!("CARGO_MANIFEST_DIR")).join("programs/python/greeters.py");
+    let library = format!("py={}", greeters.display());
+    for mode in [&[][..], &["--in-process"][..]] {
+        let mut args: Vec<&str> = mode.to_vec();
+        args.extend([env!("GUEST_POLYGLOT"), "--actors", &library]);
+        let run = monarch_host(&args, Duration::from_secs(600));
+        assert_eq!(run.code, Some(0), "{run:?}");
+        assert!(
+            !run.lines_with("rank 1 says: hi from Python rank 1")
+                .is_empty(),
+            "{run:?}"
+        );
+        assert_eq!(run.after("summed in the host: "), "41", "{run:?}");
+        assert!(
+            !run.lines_with("Python raised ValueError: Python will not")
+                .is_empty(),
+            "{run:?}"
+        );
+        assert!(!run.lines_with("polyglot ok").is_empty(), "{run:?}");
+    }
+}

@@ -251,6 +251,20 @@ _REDUCERS = {
 }
 
 
+def _class_of(Class):
+    """The host's name for an actor class, and the class where it is this
+    program's (None for a library's, named ``"NAME/Class"``)."""
+    if isinstance(Class, str):
+        if "/" not in Class:
+            raise TypeError(
+                f"spawn takes an Actor subclass, or an actor library's class as 'NAME/Class', not {Class!r}"
+            )
+        return Class, None
+    if not (isinstance(Class, type) and issubclass(Class, Actor)):
+        raise TypeError(f"spawn takes an Actor subclass, not {Class!r}")
+    return class_key(Class), Class
+
+
 class ProcMesh:
     """Procs in named dimensions. ``spawn`` puts one actor on each."""
 
@@ -271,15 +285,16 @@ class ProcMesh:
 
     def spawn(self, name, Class, *args, **kwargs):
         """Spawns ``Class(*args, **kwargs)`` on every proc of this mesh; the
-        actor mesh is called ``name``."""
-        if not (isinstance(Class, type) and issubclass(Class, Actor)):
-            raise TypeError(f"spawn takes an Actor subclass, not {Class!r}")
+        actor mesh is called ``name``. ``Class`` may also be the name of a
+        class of an actor library, ``"NAME/Class"`` (``monarch-host run
+        --actors NAME=PATH``), in any language."""
+        key, cls = _class_of(Class)
         init = _encode_args(args, kwargs)
         try:
-            handle = self._handle.spawn(name, class_key(Class), init)
+            handle = self._handle.spawn(name, key, init)
         except Err as e:
             raise RuntimeError(f"spawning {name!r}: {e.value}") from None
-        return ActorMesh(handle, Class, _extent_of(handle.extent()), name)
+        return ActorMesh(handle, cls, _extent_of(handle.extent()), name)
 
     def spawn_with(self, name, Class, args=(), kwargs=None, per_proc=None, handler_timeout=None):
         """``spawn`` with monarch-host's options: ``per_proc`` puts several
@@ -287,18 +302,17 @@ class ProcMesh:
         the proc mesh's followed by these dimensions); ``handler_timeout``
         (seconds) bounds each handler, past which the actor fails with
         kind ``deadline``."""
-        if not (isinstance(Class, type) and issubclass(Class, Actor)):
-            raise TypeError(f"spawn_with takes an Actor subclass, not {Class!r}")
+        key, cls = _class_of(Class)
         init = _encode_args(args, kwargs or {})
         options = _wt.SpawnOptions(
             _wit_extent(per_proc or {}),
             None if handler_timeout is None else max(1, round(handler_timeout * 1000)),
         )
         try:
-            handle = self._handle.spawn_with(name, class_key(Class), init, options)
+            handle = self._handle.spawn_with(name, key, init, options)
         except Err as e:
             raise RuntimeError(f"spawning {name!r}: {e.value}") from None
-        return ActorMesh(handle, Class, _extent_of(handle.extent()), name)
+        return ActorMesh(handle, cls, _extent_of(handle.extent()), name)
 
     def info(self):
         """Where each proc runs: dicts of rank, id, host, pid and state."""
@@ -672,7 +686,8 @@ def _resolve_class(key):
     cls = _classes.get(key)
     if cls is not None:
         return cls
-    module_name, _, qualname = key.partition(":")
+    # Another language names a class of the program by its bare name.
+    module_name, _, qualname = key.partition(":") if ":" in key else ("__main__", ":", key)
     qualname = qualname.split(":")[0]
     if module_name == "__main__":
         module = _program.actor_module()

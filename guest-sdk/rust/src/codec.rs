@@ -132,7 +132,15 @@ pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, CodecError> {
 /// Encodes `value` as an argument list of one element: a message or an
 /// init value.
 pub fn encode_args<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, CodecError> {
-    encode_after::<T>(vec![0x81], value)
+    let args = encode_after::<T>(vec![0x81], value)?;
+    // A value that is null (a unit struct, `()`) is no argument at all, so
+    // that an endpoint in another language that takes none (a Python
+    // `def get(self)`) can be called with it; `decode_args` reads `[]` back
+    // as null.
+    if args == [0x81, 0xf6] {
+        return Ok(vec![0x80]);
+    }
+    Ok(args)
 }
 
 fn encode_after<T: Serialize + ?Sized>(out: Vec<u8>, value: &T) -> Result<Vec<u8>, CodecError> {

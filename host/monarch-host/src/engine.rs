@@ -944,6 +944,11 @@ fn store_in_cache(component: &Component, file: &Path) {
     }
 }
 
+/// The sha256 of `bytes`, hex: how programs are named to procs.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -180,6 +180,10 @@ pub struct AttachedProcs {
 pub(crate) struct JobHooks {
     pub(crate) attached: Option<AttachedProcs>,
     pub(crate) observer: Option<Arc<dyn MeshObserver>>,
+    /// Actor libraries: other programs (in any language) whose actor
+    /// classes the controller spawns as `NAME/Class` (`run --actors
+    /// NAME=PATH`).
+    pub(crate) libraries: Arc<std::collections::BTreeMap<String, ProgramBytes>>,
 }
 
 impl Cluster {
@@ -1126,7 +1130,7 @@ impl HostState {
         if let Err(e) = hyperactor::id::validate_name(&name) {
             return Ok(Err(e.to_string()));
         }
-        if self.cluster.pre.is_none() {
+        if self.cluster.pre.is_none() && !class.contains('/') {
             return Ok(Err(format!(
                 "cannot spawn `{name}`: this program is of the `controller` world and defines no actor classes; build it for the `program` world"
             )));
@@ -1164,7 +1168,32 @@ impl HostState {
             Ok(client) => client.clone(),
             Err(e) => return Ok(Err(e)),
         };
-        let program = &self.cluster.program;
+        // `NAME/Class` is a class of the actor library NAME (another
+        // program, perhaps in another language); anything else is this
+        // program's own.
+        let (program, class) = match class.split_once('/') {
+            Some((library, library_class)) => match self.cluster.job.libraries.get(library) {
+                Some(program) => (program, library_class.to_string()),
+                None => {
+                    let known: Vec<&str> = self
+                        .cluster
+                        .job
+                        .libraries
+                        .keys()
+                        .map(String::as_str)
+                        .collect();
+                    return Ok(Err(format!(
+                        "cannot spawn `{name}`: no actor library `{library}` (class `{class}`); give it with `monarch-host run --actors {library}=PATH`{}",
+                        if known.is_empty() {
+                            String::new()
+                        } else {
+                            format!("; the libraries are {}", known.join(", "))
+                        }
+                    )));
+                }
+            },
+            None => (&self.cluster.program, class),
+        };
         let shipped = match program.bytes() {
             Ok(bytes) => client
                 .put_blob(&program.sha256, bytes)

@@ -39,4 +39,4 @@ pub mod serve;
 
 pub use engine::{DirGrant, Grants, LoadError, Loaded, Placement, Sandbox, parse_env};
 pub use host::{AttachedProcs, MeshObserver};
-pub use run::{Mesh, Prepared, RunError, blob_dir, run_program};
+pub use run::{Mesh, Prepared, RunError, blob_dir, run_program, run_program_with};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use monarch_host::{DirGrant, Grants, Placement, RunError, Sandbox, parse_env, run_program};
+use monarch_host::{DirGrant, Grants, Placement, RunError, Sandbox, parse_env, run_program_with};
 
 mod serve_cli;
 
@@ -136,9 +136,25 @@ struct RunArgs {
     /// space, not memory, for each.
     #[arg(long, default_value_t = monarch_host::engine::DEFAULT_MAX_INSTANCES, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     max_instances: u32,
+    /// An actor library: another program (a `.wasm`, `.py` or `.js`, in
+    /// any language) whose actor classes this one spawns as `NAME/Class`,
+    /// e.g. `--actors rust=counter.wasm` and, in Python,
+    /// `procs.spawn("counters", "rust/Counter", 0)`. Repeat for more.
+    #[arg(long = "actors", value_name = "NAME=PATH", value_parser = parse_library)]
+    actors: Vec<(String, PathBuf)>,
     /// Arguments passed to the program's `run`.
     #[arg(last = true)]
     args: Vec<String>,
+}
+
+fn parse_library(text: &str) -> Result<(String, PathBuf), String> {
+    let (name, path) = text
+        .split_once('=')
+        .ok_or_else(|| format!("`{text}`: give NAME=PATH, e.g. rust=counter.wasm"))?;
+    if name.is_empty() || name.contains('/') || path.is_empty() {
+        return Err(format!("`{text}`: give NAME=PATH with a NAME without `/`"));
+    }
+    Ok((name.to_string(), PathBuf::from(path)))
 }
 
 #[derive(Debug, clap::Args)]
@@ -188,6 +204,7 @@ fn main() -> ExitCode {
         env,
         threads,
         max_instances,
+        actors,
         args,
     } = match cli.command {
         Command::Bootstrap => return bootstrap(),
@@ -204,8 +221,15 @@ fn main() -> ExitCode {
         Command::Run(run) => run,
     };
     init_tracing();
-    let app = match source_program(&app) {
-        Ok(app) => app,
+    let built = source_program(&app).and_then(|app| {
+        let libraries = actors
+            .iter()
+            .map(|(name, path)| source_program(path).map(|built| (name.clone(), built)))
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok((app, libraries))
+    });
+    let (app, libraries) = match built {
+        Ok(built) => built,
         Err(e) => {
             eprintln!("monarch-host: error: {e}");
             return ExitCode::FAILURE;
@@ -260,7 +284,8 @@ fn main() -> ExitCode {
     };
     let log = Arc::new(|line: &str| println!("{line}"));
     let outcome = runtime.block_on(async move {
-        tokio::spawn(async move { run_program(&app, &args, sandbox, log).await }).await
+        tokio::spawn(async move { run_program_with(&app, &libraries, &args, sandbox, log).await })
+            .await
     });
     runtime.shutdown_timeout(Duration::from_secs(1));
     match outcome {

@@ -66,6 +66,18 @@ pub async fn run_program(
     sandbox: Sandbox,
     log: LogSink,
 ) -> Result<(), RunError> {
+    run_program_with(path, &[], args, sandbox, log).await
+}
+
+/// [`run_program`] with actor libraries: other programs (components, in any
+/// language) whose actor classes the program spawns as `NAME/Class`.
+pub async fn run_program_with(
+    path: &Path,
+    libraries: &[(String, std::path::PathBuf)],
+    args: &[String],
+    sandbox: Sandbox,
+    log: LogSink,
+) -> Result<(), RunError> {
     let started = Instant::now();
     let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
         path: path.to_path_buf(),
@@ -81,7 +93,10 @@ pub async fn run_program(
     );
     let engine = engine::pooled_engine(&shape).map_err(|e| RunError::Host(format!("{e:#}")))?;
     engine::start_epoch_ticker(&engine);
-    let prepared = Prepared::new(&engine, path, bytes)?;
+    let mut prepared = Prepared::new(&engine, path, bytes)?;
+    for (name, library) in libraries {
+        prepared.add_library(name, library)?;
+    }
     tracing::info!(
         sha256 = %prepared.sha256(),
         cached = prepared.cached,
@@ -106,6 +121,7 @@ pub struct Prepared {
     engine: Engine,
     entry: Entry,
     program: ProgramBytes,
+    libraries: std::collections::BTreeMap<String, ProgramBytes>,
     /// Whether the compiled form came from the cache.
     pub cached: bool,
 }
@@ -145,6 +161,29 @@ pub enum Mesh {
 }
 
 impl Prepared {
+    /// Makes the actor classes of the program at `path` (a component of
+    /// the `program` or `actor` world, in any language) spawnable by this
+    /// one as `name/Class`. Its actors run in their own instances of it,
+    /// compiled where they run.
+    pub fn add_library(&mut self, name: &str, path: &Path) -> Result<(), RunError> {
+        if name.is_empty() || name.contains('/') {
+            return Err(RunError::Host(format!(
+                "actor library name `{name}`: give a name without `/` (NAME=PATH)"
+            )));
+        }
+        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let footprint = engine::inspect(path, &bytes)?;
+        let sha256 = engine::sha256_hex(&bytes);
+        self.libraries.insert(
+            name.to_string(),
+            ProgramBytes::in_memory(sha256, footprint.needs, bytes),
+        );
+        Ok(())
+    }
+
     /// Compiles `bytes` (read from `path`, which names them in errors) in
     /// `engine`, through the compile cache, and checks its world.
     pub fn new(engine: &Engine, path: &Path, bytes: Vec<u8>) -> Result<Prepared, RunError> {
@@ -169,6 +208,7 @@ impl Prepared {
             entry,
             program: ProgramBytes::in_memory(loaded.sha256, loaded.footprint.needs, bytes),
             cached: loaded.cached,
+            libraries: Default::default(),
         })
     }
 
@@ -228,7 +268,11 @@ impl Prepared {
             sandbox,
             log.clone(),
             self.program.clone(),
-            JobHooks { attached, observer },
+            JobHooks {
+                attached,
+                observer,
+                libraries: Arc::new(self.libraries.clone()),
+            },
         );
         let client = match client {
             Some(client) => client,

@@ -537,8 +537,10 @@ struct Pair(i64, String);
 #[test]
 fn a_message_is_an_argument_list_of_one() {
     assert_eq!(encode_args(&Add(5)).unwrap(), [0x81, 0x05]);
-    assert_eq!(encode_args(&Where).unwrap(), [0x81, 0xf6]);
-    assert_eq!(encode_args(&()).unwrap(), [0x81, 0xf6]);
+    // A null value (a unit struct, `()`) is no argument at all.
+    assert_eq!(encode_args(&Where).unwrap(), [0x80]);
+    assert_eq!(encode_args(&()).unwrap(), [0x80]);
+    assert_eq!(decode_args::<Where>(&[0x80]).unwrap(), Where);
     let point = Point {
         x: 1,
         label: "p".into(),
