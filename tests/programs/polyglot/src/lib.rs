@@ -83,7 +83,11 @@ async fn main(_args: Vec<String>) -> Result<(), String> {
     }
     match greeters.at("procs", 1)?.call_one(&Refuse).await {
         Err(e) if e.kind() == ErrorKind::Endpoint && e.type_name() == Some("ValueError") => {
-            info!("Python raised {}: {}", e.type_name().unwrap_or("-"), e.message());
+            info!(
+                "Python raised {}: {}",
+                e.type_name().unwrap_or("-"),
+                e.message()
+            );
         }
         other => return Err(format!("expected a ValueError, got {other:?}")),
     }
