@@ -47,6 +47,109 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const SPIN_SLICE: Duration = Duration::from_micros(5);
 /// CPU pauses between two reads of a busy-polling connection.
 const SPIN_PAUSES: usize = 10;
+/// The longest a busy-polling connection polls (see [`Pace`]).
+const SPIN_MAX: Duration = Duration::from_millis(1);
+/// How long a waiter that lost the CPU while it polled polls only its
+/// floor.
+const CALM: Duration = Duration::from_millis(100);
+/// How much of a poll's time a thread may spend off the CPU before the
+/// poll counts as contended: more than a kernel thread or a timer takes,
+/// less than one time slice of another process.
+const LOST: Duration = Duration::from_micros(200);
+
+/// How long a waiter polls before it sleeps: its floor, or twice as long
+/// as what it waits for has lately taken to come, up to a ceiling, so that
+/// a conversation whose turns take a little longer than the floor (a call
+/// to a handler that computes for 20 us) does not pay a sleeping thread's
+/// wake-up on every turn, which costs tens of microseconds on virtual
+/// machines. Never when the floor is zero; only the floor when what it
+/// waits for comes later than the ceiling would reach.
+///
+/// Polling pays only while the CPU is otherwise idle: a thread that sleeps
+/// is given the CPU back at once when woken, one that polls waits its turn
+/// behind other processes. So a waiter that lost the CPU for a while during
+/// a poll past its floor (another process wanted it) polls only its floor
+/// for the next 100 ms.
+#[derive(Debug, Clone)]
+pub struct Pace {
+    floor: Duration,
+    ceiling: Duration,
+    /// How long what it waits for has lately taken (a moving average).
+    typical: Duration,
+    /// Until when it polls only its floor, after a contended poll.
+    calm_until: Option<std::time::Instant>,
+}
+
+/// When a poll began, by the clock and by this thread's CPU time; what
+/// [`Pace::polled`] needs.
+#[derive(Debug, Clone, Copy)]
+pub struct Polling(Option<(std::time::Instant, Duration)>);
+
+impl Pace {
+    /// A pace that polls at least `floor` and at most `ceiling`.
+    pub fn new(floor: Duration, ceiling: Duration) -> Self {
+        Pace {
+            floor,
+            ceiling: ceiling.max(floor),
+            typical: floor / 2,
+            calm_until: None,
+        }
+    }
+
+    /// How long the next wait polls.
+    pub fn budget(&self) -> Duration {
+        let twice = self.typical * 2;
+        let calm = self
+            .calm_until
+            .is_some_and(|until| std::time::Instant::now() < until);
+        if self.floor.is_zero() || calm || twice > self.ceiling {
+            return self.floor;
+        }
+        twice.max(self.floor)
+    }
+
+    /// What the waiter waited for came `after` it began to wait.
+    pub fn came(&mut self, after: Duration) {
+        self.typical = (self.typical * 3 + after.min(self.ceiling * 4)) / 4;
+    }
+
+    /// A poll of `budget` begins.
+    pub fn polling(&self, budget: Duration) -> Polling {
+        let cpu = (budget > self.floor).then(thread_cpu_time).flatten();
+        Polling(cpu.map(|cpu| (std::time::Instant::now(), cpu)))
+    }
+
+    /// The poll that `polling` began has ended: if the thread spent more
+    /// than a moment of it off the CPU, the waits of the next 100 ms poll
+    /// only the floor.
+    pub fn polled(&mut self, polling: Polling) {
+        let Some((began, cpu_then)) = polling.0 else {
+            return;
+        };
+        let Some(cpu_now) = thread_cpu_time() else {
+            return;
+        };
+        let off_cpu = began
+            .elapsed()
+            .saturating_sub(cpu_now.saturating_sub(cpu_then));
+        if off_cpu > LOST {
+            self.calm_until = Some(std::time::Instant::now() + CALM);
+        }
+    }
+}
+
+/// The CPU time this thread has used.
+fn thread_cpu_time() -> Option<Duration> {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into memory we own.
+    let done = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    let secs = u64::try_from(now.tv_sec).ok()?;
+    let nanos = u32::try_from(now.tv_nsec).ok()?;
+    (done == 0).then(|| Duration::new(secs, nanos))
+}
 
 /// Settings of a proc. Every field has a default that suits one machine.
 #[derive(Debug, Clone)]
@@ -65,7 +168,9 @@ pub struct ProcConfig {
     pub ack_every: u64,
     /// How long a connection keeps polling for the next frame before its
     /// task sleeps, trading a little CPU for latency. Zero turns it off.
-    /// Default 50 us.
+    /// A connection whose frames have lately come a little later than this
+    /// (a peer that computes for tens of microseconds between them) polls
+    /// up to twice as long as they took, at most 1 ms. Default 50 us.
     pub busy_poll: Duration,
     /// A shared secret of the procs of one cluster: sent in the handshake
     /// of every link this proc opens, and, when set, required of every
@@ -796,6 +901,7 @@ async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
     let mut acked = 0u64;
     let mut ack_deadline: Option<tokio::time::Instant> = None;
     let mut shutdown = proc.0.shutdown.subscribe();
+    let mut pace = Pace::new(proc.0.config.busy_poll, SPIN_MAX);
     loop {
         while let Some((header, body)) = reader.next_frame()? {
             if header.kind != FrameKind::Data {
@@ -838,10 +944,11 @@ async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
         // costs more than that on virtual machines. The first yield lets the
         // actors this connection just fed run; later ones, every few
         // microseconds, keep the rest of this worker's tasks going.
-        let spin = proc.0.config.busy_poll;
+        let spin = pace.budget();
+        let started = std::time::Instant::now();
         if !spin.is_zero() {
+            let polling = pace.polling(spin);
             let mut filled;
-            let started = std::time::Instant::now();
             let mut yielded = started;
             tokio::task::yield_now().await;
             loop {
@@ -859,8 +966,12 @@ async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
                     }
                 }
             }
+            pace.polled(polling);
             match filled {
-                Some(true) => continue,
+                Some(true) => {
+                    pace.came(started.elapsed());
+                    continue;
+                }
                 Some(false) => {
                     if delivered > acked {
                         let _ = ack(&wr, delivered).await;
@@ -879,6 +990,7 @@ async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
                     }
                     return Ok(());
                 }
+                pace.came(started.elapsed());
             }
             _ = sleep_until_some(ack_deadline) => {
                 ack(&wr, delivered).await?;
@@ -1356,6 +1468,30 @@ mod tests {
             .unwrap();
         assert_eq!(stats.received, 3, "each frame delivered once");
         assert_eq!(b.stats().duplicates_dropped.load(Ordering::Relaxed), 3);
+    }
+
+    /// A connection polls twice as long as its frames have lately taken to
+    /// come, between `busy_poll` and 1 ms; only `busy_poll` when they come
+    /// further apart; never when `busy_poll` is zero.
+    #[test]
+    fn a_connection_polls_as_long_as_its_peer_lately_took() {
+        let us = Duration::from_micros;
+        let mut pace = Pace::new(us(50), SPIN_MAX);
+        assert_eq!(pace.budget(), us(50));
+        for _ in 0..20 {
+            pace.came(us(80));
+        }
+        let budget = pace.budget();
+        assert!(budget > us(150) && budget <= us(160), "{budget:?}");
+        for _ in 0..20 {
+            pace.came(Duration::from_millis(30));
+        }
+        assert_eq!(pace.budget(), us(50));
+        let mut off = Pace::new(Duration::ZERO, SPIN_MAX);
+        for _ in 0..20 {
+            off.came(us(80));
+        }
+        assert_eq!(off.budget(), Duration::ZERO);
     }
 }
 

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use hyperactor::proc::Pace;
 use hyperactor::{Mailbox, ProcId};
 use hyperactor_mesh::agent::MeshEvent;
 use hyperactor_mesh::client::{ActorSpec, MeshClient};
@@ -32,7 +33,7 @@ use crate::bindings::{
     CallError, Dim, ErrorKind, Event, EventKind, ProcInfo, ProcState, ProgramPre, Reducer, Reply,
     SliceDim, SpawnOptions, SupervisionFailure, ValueMesh,
 };
-use crate::engine::Sandbox;
+use crate::engine::{Placement, Sandbox};
 use crate::errors;
 use crate::mesh::{
     ActorMeshHandle, MeshBase, ProcMeshHandle, WasmSpawnParams, extent_size, slice, validate_extent,
@@ -260,6 +261,24 @@ impl Cluster {
         Ok((client, true))
     }
 
+    /// Whether this process has a core to spare for polling: its procs run
+    /// inside it, on other hosts, or as child processes that leave a core
+    /// free (beyond that, a polling process takes the core that a proc
+    /// needs to answer, as the procs' own polling rule says).
+    pub(crate) fn spare_core(&self) -> bool {
+        match &self.sandbox.placement {
+            Placement::InProcess | Placement::Hosts { .. } => true,
+            Placement::Local { .. } => {
+                static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+                let cores = *CORES
+                    .get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+                self.client
+                    .get()
+                    .is_some_and(|client| client.live_procs() < cores)
+            }
+        }
+    }
+
     /// Gives the cluster the mesh client that starts its procs.
     pub(crate) fn set_client(&self, client: Arc<MeshClient>) {
         let _ = self.client.set(client);
@@ -421,6 +440,8 @@ pub struct HostState {
     /// The instance's place in its engine's pool, given back with the
     /// store.
     pub(crate) slot: Option<crate::engine::Slot>,
+    /// How long waits for replies poll before they sleep.
+    pace: Pace,
 }
 
 impl WasiView for HostState {
@@ -432,8 +453,14 @@ impl WasiView for HostState {
     }
 }
 
-/// How long `next-events` polls for an event before it sleeps.
+/// How long `next-events` polls for an event before it sleeps, at least.
 const EVENT_SPIN: Duration = Duration::from_micros(50);
+
+/// How long `next-events` polls at most, when replies have lately come
+/// within it: it polls twice as long as they have lately taken, between
+/// [`EVENT_SPIN`] and this, as a proc's connections do
+/// ([`hyperactor::proc::Pace`]), unless the host's procs have every core.
+const EVENT_SPIN_MAX: Duration = Duration::from_millis(1);
 
 /// The most bytes a guest may hand the host in one call (a message, a
 /// name), as large as the biggest frame a proc sends.
@@ -508,6 +535,7 @@ impl HostState {
             unsupervised: None,
             on_client: None,
             slot: None,
+            pace: Pace::new(EVENT_SPIN, EVENT_SPIN_MAX),
         }
     }
 
@@ -895,9 +923,18 @@ impl mesh::Host for HostState {
             wasmtime::bail!("the actor was stopped while it waited");
         }
         let until = (now + Duration::from_millis(timeout_ms)).min(self.cluster.deadline);
-        // Poll briefly before sleeping: a reply from a nearby actor comes
-        // within microseconds, and waking a sleeping thread costs more.
-        let spin_until = (now + EVENT_SPIN).min(until);
+        // Poll before sleeping: a reply from a nearby actor comes within
+        // microseconds, and waking a sleeping thread costs more (`Pace`).
+        let awaiting = !self.caster.is_idle();
+        let budget = if !awaiting {
+            Duration::ZERO
+        } else if self.cluster.spare_core() {
+            self.pace.budget()
+        } else {
+            EVENT_SPIN
+        };
+        let spin_until = (now + budget).min(until);
+        let polling = self.pace.polling(budget);
         loop {
             self.drain_mesh_events();
             while let Ok(event) = self.completed.try_recv() {
@@ -938,6 +975,13 @@ impl mesh::Host for HostState {
                 _ = tokio::time::sleep_until(until.into()) => break,
             }
         }
+        // How long replies take: a wait that ended with an event, or one
+        // that ran past the longest poll without any.
+        let waited = now.elapsed();
+        if awaiting && (!self.ready.is_empty() || waited >= EVENT_SPIN_MAX) {
+            self.pace.came(waited);
+        }
+        self.pace.polled(polling);
         let count = self.ready.len().min(max);
         Ok(self.ready.drain(..count).collect())
     }
