@@ -204,6 +204,11 @@ def _unwrap(result):
     return result.value
 
 
+def _done(result):
+    """The end of a request whose reply is only "done" (or an error)."""
+    _unwrap(result)
+
+
 # ---------------------------------------------------------------------------
 # Meshes.
 
@@ -288,13 +293,7 @@ class ProcMesh:
         actor mesh is called ``name``. ``Class`` may also be the name of a
         class of an actor library, ``"NAME/Class"`` (``monarch-host run
         --actors NAME=PATH``), in any language."""
-        key, cls = _class_of(Class)
-        init = _encode_args(args, kwargs)
-        try:
-            handle = self._handle.spawn(name, key, init)
-        except Err as e:
-            raise RuntimeError(f"spawning {name!r}: {e.value}") from None
-        return ActorMesh(handle, cls, _extent_of(handle.extent()), name)
+        return self.spawn_with(name, Class, args, kwargs)
 
     def spawn_with(self, name, Class, args=(), kwargs=None, per_proc=None, handler_timeout=None):
         """``spawn`` with monarch-host's options: ``per_proc`` puts several

@@ -40,7 +40,7 @@ class RDMABuffer:
     def write(self, data, offset=0):
         """Puts ``data`` at ``offset``; a Future of None."""
         data = bytes(data)
-        return _runtime._request(lambda: self._handle.write(offset, data), lambda r: _runtime._unwrap(r) and None)
+        return _runtime._request(lambda: self._handle.write(offset, data), _runtime._done)
 
     def read(self, length=None, offset=0):
         """``length`` bytes from ``offset`` (the rest by default); a Future of bytes."""
@@ -50,15 +50,15 @@ class RDMABuffer:
 
     def read_into(self, dst):
         """Copies this buffer into ``dst`` (equal sizes); a Future of None."""
-        return _runtime._request(lambda: self._handle.read_into(dst._handle), lambda r: _runtime._unwrap(r) and None)
+        return _runtime._request(lambda: self._handle.read_into(dst._handle), _runtime._done)
 
     def write_from(self, src):
         """Copies ``src`` into this buffer (equal sizes); a Future of None."""
-        return _runtime._request(lambda: self._handle.write_from(src._handle), lambda r: _runtime._unwrap(r) and None)
+        return _runtime._request(lambda: self._handle.write_from(src._handle), _runtime._done)
 
     def drop(self):
         """Frees the memory now; a Future of None."""
-        return _runtime._request(lambda: self._handle.free(), lambda r: _runtime._unwrap(r) and None)
+        return _runtime._request(lambda: self._handle.free(), _runtime._done)
 
     def __repr__(self):
         return f"RDMABuffer({self.size()} bytes)"

@@ -128,7 +128,7 @@ class TensorEngine:
 
     def sync(self):
         """A Future done when every op made so far has run on every rank."""
-        return _runtime._request(self._handle.sync, lambda r: _runtime._unwrap(r) and None)
+        return _runtime._request(self._handle.sync, _runtime._done)
 
 
 class Tensor:
@@ -198,7 +198,7 @@ class Tensor:
 
     def all_reduce(self, mesh_dim):
         """Sums over mesh dimension ``mesh_dim``, in place; a Future."""
-        return _runtime._request(lambda: self._handle.all_reduce(mesh_dim), lambda r: _runtime._unwrap(r) and None)
+        return _runtime._request(lambda: self._handle.all_reduce(mesh_dim), _runtime._done)
 
     def fetch(self):
         """A Future of the whole tensor's elements, row-major, as a list."""

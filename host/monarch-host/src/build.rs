@@ -320,19 +320,15 @@ fn language_files(language: Language) -> Result<Vec<(String, String)>, BuildErro
     sdk_files(language.sdk())
 }
 
-/// Where `run app.py` keeps the program built from `app`.
-pub fn built_path(app: &Path) -> Result<PathBuf, BuildError> {
-    let language = Language::of(app).ok_or_else(|| BuildError::Language(app.to_path_buf()))?;
-    cached_program(app, &cache_root()?, &language_files(language)?)
-}
-
-/// The cache's path for `app` built with `files`: a hash of the SDK, the
-/// program's path and its sources.
+/// The cache's path for `app` built with `files` from `sources` (its
+/// [`program_sources`]): a hash of the SDK, the program's path and its
+/// sources.
 fn cached_program(
     app: &Path,
     cache: &Path,
     files: &[(String, String)],
-) -> Result<PathBuf, BuildError> {
+    sources: &[(PathBuf, Vec<u8>)],
+) -> PathBuf {
     let mut key = Sha256::new();
     for (path, text) in files {
         key.update(path.as_bytes());
@@ -344,16 +340,15 @@ fn cached_program(
             .to_string_lossy()
             .as_bytes(),
     );
-    let language = Language::of(app).ok_or_else(|| BuildError::Language(app.to_path_buf()))?;
-    for (path, bytes) in program_sources(app, language)? {
+    for (path, bytes) in sources {
         key.update(path.to_string_lossy().as_bytes());
         key.update([0]);
         key.update((bytes.len() as u64).to_le_bytes());
-        key.update(&bytes);
+        key.update(bytes);
     }
-    Ok(cache
+    cache
         .join("programs")
-        .join(format!("{}.wasm", hex(&key.finalize()[..16]))))
+        .join(format!("{}.wasm", hex(&key.finalize()[..16])))
 }
 
 /// What a build did.
@@ -365,14 +360,15 @@ pub struct Built {
     pub cached: bool,
 }
 
-/// Builds `app` into `out` (the cache path of [`built_path`] when `None`),
-/// unless the cache already holds it. `progress` receives lines to show
+/// Builds `app` into `out` (the cache, where `run app.py` looks, when
+/// `None`), unless the cache already holds it. `progress` receives lines to show
 /// while a build runs.
 pub fn build(app: &Path, out: Option<&Path>, progress: &dyn Fn(&str)) -> Result<Built, BuildError> {
     let language = Language::of(app).ok_or_else(|| BuildError::Language(app.to_path_buf()))?;
     let cache = cache_root()?;
     let files = language_files(language)?;
-    let cached_path = cached_program(app, &cache, &files)?;
+    let sources = program_sources(app, language)?;
+    let cached_path = cached_program(app, &cache, &files, &sources);
     if cached_path.exists() {
         if let Some(out) = out {
             std::fs::copy(&cached_path, out)
@@ -392,7 +388,14 @@ pub fn build(app: &Path, out: Option<&Path>, progress: &dyn Fn(&str)) -> Result<
         .unwrap_or_else(|| cached_path.clone());
     let started = Instant::now();
     match language {
-        Language::Python => build_python(app, &sdk_dir(&cache, &files)?, &target, progress)?,
+        Language::Python => build_python(
+            app,
+            &sources,
+            &cache,
+            &sdk_dir(&cache, &files)?,
+            &target,
+            progress,
+        )?,
         Language::JavaScript => build_js(app, &sdk_dir(&cache, &files)?, &target, progress)?,
     }
     if out.is_some() {
@@ -414,11 +417,12 @@ pub fn build(app: &Path, out: Option<&Path>, progress: &dyn Fn(&str)) -> Result<
 
 fn build_python(
     app: &Path,
+    program: &[(PathBuf, Vec<u8>)],
+    cache: &Path,
     sdk: &Path,
     out: &Path,
     progress: &dyn Fn(&str),
 ) -> Result<(), BuildError> {
-    let cache = sdk.parent().and_then(Path::parent).unwrap_or(sdk);
     let module = app
         .file_stem()
         .and_then(|s| s.to_str())
@@ -455,8 +459,8 @@ fn build_python(
     );
     std::fs::write(generated.join("_monarch_build.py"), config)
         .map_err(io_error("writing the build's settings"))?;
-    for (rel, bytes) in program_sources(app, Language::Python)? {
-        let file = sources.join(&rel);
+    for (rel, bytes) in program {
+        let file = sources.join(rel);
         if let Some(parent) = file.parent() {
             std::fs::create_dir_all(parent).map_err(io_error("copying the program"))?;
         }
