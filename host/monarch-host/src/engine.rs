@@ -44,6 +44,12 @@ pub struct Sandbox {
     /// Component instances one process holds at once: the controller and
     /// the actors of in-process procs, or the actors of one child proc.
     pub max_instances: u32,
+    /// Where trapped actors write post-mortem records; None: nowhere.
+    pub dumps: Option<crate::debug::dumps::DumpConfig>,
+    /// How actors reach the run's debugger; None: breakpoints are no-ops.
+    pub debug: Option<crate::debug::pause::DebugConfig>,
+    /// Filled with the run's cluster while it runs, for debuggers.
+    pub live: crate::debug::LiveRun,
 }
 
 /// What the operator grants a program: nothing unless named.
@@ -145,6 +151,9 @@ impl Default for Sandbox {
             handler_timeout: None,
             grants: Grants::default(),
             max_instances: DEFAULT_MAX_INSTANCES,
+            dumps: None,
+            debug: None,
+            live: Default::default(),
         }
     }
 }

@@ -442,6 +442,10 @@ pub struct HostState {
     pub(crate) slot: Option<crate::engine::Slot>,
     /// How long waits for replies poll before they sleep.
     pace: Pace,
+    /// An actor's breakpoints: who it is, and its pause if it is paused.
+    pub(crate) debug: crate::debug::pause::ActorDebug,
+    /// What the instance shows of its stack when `monarch-host stacks` asks.
+    pub(crate) probe: Option<Arc<crate::debug::stacks::Probe>>,
 }
 
 impl WasiView for HostState {
@@ -536,6 +540,8 @@ impl HostState {
             on_client: None,
             slot: None,
             pace: Pace::new(EVENT_SPIN, EVENT_SPIN_MAX),
+            debug: Default::default(),
+            probe: None,
         }
     }
 
@@ -1269,6 +1275,8 @@ impl HostState {
             grants: self.cluster.sandbox.grants.clone(),
             max_procs: self.cluster.sandbox.max_procs,
             max_instances: self.cluster.sandbox.max_instances,
+            dumps: self.cluster.sandbox.dumps.clone(),
+            debug: self.cluster.sandbox.debug.clone(),
         };
         let dims: Vec<(String, u32)> = extent.iter().map(|d| (d.name.clone(), d.size)).collect();
         let timeout = self

@@ -24,6 +24,7 @@
 
 pub mod bindings;
 pub mod build;
+pub mod debug;
 pub mod engine;
 mod errors;
 pub mod host;

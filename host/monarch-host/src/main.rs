@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use monarch_host::{DirGrant, Grants, Placement, RunError, Sandbox, parse_env, run_program_with};
+use monarch_host::{DirGrant, Grants, Placement, RunError, Sandbox, parse_env};
 
 mod serve_cli;
 
@@ -59,6 +59,20 @@ enum Command {
     Logs(serve_cli::JobArgs),
     /// Cancels a job.
     Cancel(serve_cli::JobArgs),
+    /// Lists and shows the post-mortem records of trapped actors.
+    ///
+    /// Example: monarch-host dumps show RUN workers 3
+    Dumps(monarch_host::debug::dumps::DumpsArgs),
+    /// A debugger for the paused actors of a run (`run --debug-listen`),
+    /// at the `monarch_dbg>` prompt: list, attach, cast, continue.
+    ///
+    /// Example: monarch-host debug
+    Debug(monarch_host::debug::client::DebugArgs),
+    /// Prints each actor's current stack, sampled without stopping it;
+    /// exits 1 when one has been in a handler longer than --stuck-after.
+    ///
+    /// Example: monarch-host stacks --stuck-after 30
+    Stacks(monarch_host::debug::stacks::StacksArgs),
     /// Serves one proc of a mesh; monarch-host starts it, not users.
     #[command(hide = true)]
     Bootstrap,
@@ -142,6 +156,19 @@ struct RunArgs {
     /// `procs.spawn("counters", "rust/Counter", 0)`. Repeat for more.
     #[arg(long = "actors", value_name = "NAME=PATH", value_parser = parse_library)]
     actors: Vec<(String, PathBuf)>,
+    /// Writes no post-mortem records of trapped actors (by default each
+    /// writes a core dump and a JSON record; see `monarch-host dumps`).
+    #[arg(long)]
+    no_dumps: bool,
+    /// Turns breakpoints on: a paused actor waits for `monarch-host
+    /// debug`, which connects here (IP:PORT; port 0 picks one). Without
+    /// it a breakpoint does nothing.
+    #[arg(long, value_name = "IP:PORT")]
+    debug_listen: Option<String>,
+    /// How long a breakpoint waits with no debugger connected before it
+    /// ends with the error "breakpoint abandoned", in seconds.
+    #[arg(long, default_value = "600", value_parser = parse_seconds)]
+    debug_pause_limit: Duration,
     /// Arguments passed to the program's `run`.
     #[arg(last = true)]
     args: Vec<String>,
@@ -205,6 +232,9 @@ fn main() -> ExitCode {
         threads,
         max_instances,
         actors,
+        no_dumps,
+        debug_listen,
+        debug_pause_limit,
         args,
     } = match cli.command {
         Command::Bootstrap => return bootstrap(),
@@ -217,6 +247,9 @@ fn main() -> ExitCode {
         Command::Jobs(args) => return serve_cli::jobs(args),
         Command::Logs(args) => return serve_cli::logs(args),
         Command::Cancel(args) => return serve_cli::cancel(args),
+        Command::Dumps(args) => return monarch_host::debug::dumps::command(args),
+        Command::Debug(args) => return monarch_host::debug::client::command(args),
+        Command::Stacks(args) => return monarch_host::debug::stacks::command(args),
         Command::Build(args) => return build(args),
         Command::Run(run) => run,
     };
@@ -281,10 +314,20 @@ fn main() -> ExitCode {
         handler_timeout,
         grants: Grants { dirs, env },
         max_instances,
+        dumps: match no_dumps {
+            true => None,
+            false => monarch_host::debug::dumps::for_local_run(),
+        },
+        debug: None,
+        live: Default::default(),
+    };
+    let debugging = monarch_host::debug::runs::Debugging {
+        listen: debug_listen,
+        pause_limit: debug_pause_limit,
     };
     let log = Arc::new(|line: &str| println!("{line}"));
     let outcome = runtime.block_on(async move {
-        tokio::spawn(async move { run_program_with(&app, &libraries, &args, sandbox, log).await })
+        tokio::spawn(async move { monarch_host::debug::runs::run_local(&app, &libraries, &args, sandbox, log, debugging).await })
             .await
     });
     runtime.shutdown_timeout(Duration::from_secs(1));

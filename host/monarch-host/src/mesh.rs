@@ -206,6 +206,12 @@ pub struct WasmSpawnParams {
     /// Component instances one proc holds at once (`--max-instances`).
     #[serde(default = "default_max_instances")]
     pub max_instances: u32,
+    /// Where a trapped actor writes its post-mortem record.
+    #[serde(default)]
+    pub dumps: Option<crate::debug::dumps::DumpConfig>,
+    /// How the actor reaches the run's debugger at a breakpoint.
+    #[serde(default)]
+    pub debug: Option<crate::debug::pause::DebugConfig>,
 }
 
 fn default_max_instances() -> u32 {

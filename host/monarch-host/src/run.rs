@@ -258,6 +258,7 @@ impl Prepared {
             Mesh::Attached { client, procs } => (Some(procs), Some(client)),
         };
         let placement = sandbox.placement.clone();
+        let live = sandbox.live.clone();
         let actor_classes = match &self.entry {
             Entry::Program(pre) => Some(pre.clone()),
             Entry::Controller(_) => None,
@@ -281,6 +282,7 @@ impl Prepared {
                 .map_err(RunError::Host)?,
         };
         cluster.set_client(client.clone());
+        live.set(Some(cluster.clone()));
         // The observer hears what happens to the procs and actors of a
         // fresh mesh; a persistent mesh's owner watches it for every job.
         let fresh_observer = match cluster.job.attached {
@@ -349,6 +351,7 @@ impl Prepared {
             },
             other => other,
         };
+        live.set(None);
         let spawned = store.data_mut().take_spawned();
         drop(store);
         cluster.stop_all(spawned).await;

@@ -493,6 +493,9 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
                     handler_timeout,
                     grants: params.grants,
                     max_instances: params.max_instances,
+                    dumps: params.dumps,
+                    debug: params.debug,
+                    live: Default::default(),
                 };
                 let cluster = Cluster::for_actor(
                     compiled.engine.clone(),

@@ -277,6 +277,9 @@ async fn run(
             .map(|d| d.max(Duration::from_millis(1))),
         grants,
         max_instances: crate::engine::DEFAULT_MAX_INSTANCES,
+        dumps: None,
+        debug: None,
+        live: Default::default(),
     };
     let (mesh, view, fresh) = match &target {
         Target::Persistent(name) => {

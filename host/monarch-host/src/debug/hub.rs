@@ -1,0 +1,1 @@
+//! The debug hub of a run.

@@ -1,0 +1,1 @@
+//! The `ranks(...)` selection grammar of `monarch_dbg>`.
