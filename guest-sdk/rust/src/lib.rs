@@ -42,6 +42,8 @@
 //!   fetches, shards sent proc to proc), and [`rdma::Buffer`] holds bytes
 //!   on one proc and moves them to another one-sided.
 //! - **Logging** through the host: [`info!`], [`warn!`], [`error!`]...
+//! - **Breakpoints**: [`breakpoint!`] pauses an actor for `monarch-host
+//!   debug` when the run has debugging on, and does nothing otherwise.
 //! - **[`program!`]** exports it all as the WIT world `program`.
 //!
 //! # A whole program
@@ -172,6 +174,7 @@ pub mod codec;
 mod error;
 mod executor;
 mod extent;
+pub mod debug;
 pub mod log;
 mod mesh;
 mod program;

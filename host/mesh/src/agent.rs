@@ -13,6 +13,10 @@
 //!   bytes match the name they were sent under.
 //! - PA-3: every root actor of the proc that fails is reported to the
 //!   controller as [`MeshEvent::ActorFailed`].
+//! - PA-4: a probe ([`ProbeActors`]: a debugger asking what the proc's
+//!   actors are doing) is answered beside the agent's other work, so a
+//!   slow answer holds up no spawn or stop; a proc whose embedding set no
+//!   hook ([`Registry::on_probe`]) answers with an error.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -142,12 +146,19 @@ pub type Factory = Arc<dyn Fn(SpawnArgs) -> BoxFuture<Result<SpawnedActor, Strin
 /// proc of the host.
 pub type BlobHook = Arc<dyn Fn(&Path) -> Result<(), String> + Send + Sync>;
 
+/// Answers a probe of a proc's actors ([`ProbeActors`]): gets the proc
+/// and the question, and gives the answer in the embedding's own encoding
+/// (monarch-host: JSON of each Wasm actor's stack). The mesh layer only
+/// carries the bytes.
+pub type ProbeHook = Arc<dyn Fn(&ProcId, &str) -> BoxFuture<Vec<u8>> + Send + Sync>;
+
 /// The actor kinds a process can spawn, and where its host keeps blobs.
 #[derive(Clone)]
 pub struct Registry {
     factories: HashMap<String, Factory>,
     blob_dir: PathBuf,
     blob_hook: Option<BlobHook>,
+    probe_hook: Option<ProbeHook>,
 }
 
 impl Registry {
@@ -157,6 +168,7 @@ impl Registry {
             factories: HashMap::new(),
             blob_dir,
             blob_hook: None,
+            probe_hook: None,
         }
     }
 
@@ -169,6 +181,12 @@ impl Registry {
     /// Sets what runs when a blob arrives.
     pub fn on_blob(&mut self, hook: BlobHook) -> &mut Self {
         self.blob_hook = Some(hook);
+        self
+    }
+
+    /// Sets how this process's procs answer probes of their actors (PA-4).
+    pub fn on_probe(&mut self, hook: ProbeHook) -> &mut Self {
+        self.probe_hook = Some(hook);
         self
     }
 
@@ -259,6 +277,16 @@ pub struct PutBlob {
     pub reply: OncePortRef<Result<(), String>>,
 }
 
+/// Asks what this proc's actors are doing, for a debugger (PA-4): the
+/// question means what the embedding's [`ProbeHook`] makes of it.
+#[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct ProbeActors {
+    /// The question, such as `stacks`.
+    pub query: String,
+    /// The hook's answer, or why there is none.
+    pub reply: OncePortRef<Result<Vec<u8>, String>>,
+}
+
 /// The proc agent; see the module docs.
 pub struct ProcAgent {
     registry: Arc<Registry>,
@@ -282,7 +310,8 @@ impl Actor for ProcAgent {
         exports
             .handle::<SpawnActors>()
             .handle::<StopActors>()
-            .handle::<PutBlob>();
+            .handle::<PutBlob>()
+            .handle::<ProbeActors>();
     }
 }
 
@@ -371,6 +400,23 @@ impl Handler<PutBlob> for ProcAgent {
         .await
         .unwrap_or_else(|e| Err(format!("storing the blob panicked: {e}")));
         request.reply.send(cx, result);
+        Ok(())
+    }
+}
+
+impl Handler<ProbeActors> for ProcAgent {
+    async fn handle(&mut self, cx: &Context<Self>, request: ProbeActors) -> anyhow::Result<()> {
+        let Some(hook) = self.registry.probe_hook.clone() else {
+            request
+                .reply
+                .send(cx, Err("this proc's host answers no probes".into()));
+            return Ok(());
+        };
+        // PA-4: the answer may wait (for a running actor's next epoch
+        // tick); the agent goes on with its other messages meanwhile.
+        let answer = hook(cx.proc().id(), &request.query);
+        let mailbox: hyperactor::Mailbox = (**cx).clone();
+        tokio::spawn(async move { request.reply.send(&mailbox, Ok(answer.await)) });
         Ok(())
     }
 }

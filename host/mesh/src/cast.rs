@@ -74,6 +74,10 @@ pub enum Outcome {
 
 struct Request {
     node: Node,
+    /// The held time (see [`Caster::set_hold`]) when it was cast.
+    held_at: Duration,
+    /// Its timeout, as the caller gave it.
+    timeout_ms: u64,
     /// Streams and broadcasts: ranks already reported.
     reported: HashSet<u32>,
     total: usize,
@@ -93,7 +97,16 @@ pub struct Caster {
     broadcast_order: VecDeque<(Instant, u64)>,
     dead: HashMap<ProcId, String>,
     ready: VecDeque<Outcome>,
+    /// Time that does not count against deadlines; see [`Caster::set_hold`].
+    hold: Option<Hold>,
 }
+
+/// How long the run has been held (a debugger's pauses), in total.
+pub type Hold = Arc<dyn Fn() -> Duration + Send + Sync>;
+
+/// How long the procs of a cast wait for its ranks when the root holds its
+/// deadline (a debugged run): the root's deadline decides.
+const HELD_TREE_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
 
 impl Caster {
     /// A caster that sends from `mailbox` through trees of `fanout`.
@@ -111,7 +124,26 @@ impl Caster {
             broadcast_order: VecDeque::new(),
             dead: HashMap::new(),
             ready: VecDeque::new(),
+            hold: None,
         }
+    }
+
+    /// Moves the deadlines of casts on by the time `hold` counts (the time
+    /// a debugged run's actors spent paused at breakpoints), so that a
+    /// call waiting on a paused rank does not time out while it is paused.
+    /// The procs on the way then wait as long as the root does: the root
+    /// alone times the cast out.
+    pub fn set_hold(&mut self, hold: Hold) {
+        self.hold = Some(hold);
+    }
+
+    fn held(&self) -> Duration {
+        self.hold.as_ref().map_or(Duration::ZERO, |hold| hold())
+    }
+
+    /// When `request` times out, its held time counted.
+    fn due(&self, request: &Request) -> Instant {
+        request.node.deadline + self.held().saturating_sub(request.held_at)
     }
 
     /// Casts `message` to `endpoint` of the ranks `target` selects and
@@ -152,6 +184,12 @@ impl Caster {
         let seq = self.next_seq;
         self.next_seq += 1;
         let total = target.ranks.iter().map(Vec::len).sum();
+        let timeout_ms = timeout.as_millis().max(1) as u64;
+        let held_at = self.held();
+        let tree_timeout = match self.hold {
+            Some(_) => timeout.max(HELD_TREE_TIMEOUT),
+            None => timeout,
+        };
         let mut node = Node {
             origin: self.me.id().clone(),
             seq,
@@ -164,7 +202,7 @@ impl Caster {
             endpoint: endpoint.to_string(),
             message: Arc::new(message),
             mode,
-            timeout_ms: timeout.as_millis().max(1) as u64,
+            timeout_ms: tree_timeout.as_millis().max(1) as u64,
             handler_timeout_ms: handler_timeout.map_or(0, |t| t.as_millis().max(1) as u64),
             fanout: self.fanout,
             waiting: Vec::new(),
@@ -190,6 +228,8 @@ impl Caster {
         }
         let mut request = Request {
             node,
+            held_at,
+            timeout_ms,
             reported: HashSet::new(),
             total,
         };
@@ -250,7 +290,7 @@ impl Caster {
             let deadline = self
                 .requests
                 .values()
-                .map(|r| r.node.deadline)
+                .map(|r| self.due(r))
                 .chain(self.broadcast_order.front().map(|(at, _)| *at))
                 .min()?;
             tokio::select! {
@@ -277,7 +317,7 @@ impl Caster {
                         .broadcast_order
                         .front()
                         .is_some_and(|(at, _)| *at <= now);
-                    if broadcast_due || self.requests.values().any(|r| r.node.deadline <= now) {
+                    if broadcast_due || self.requests.values().any(|r| self.due(r) <= now) {
                         self.expire(now);
                         continue;
                     }
@@ -372,14 +412,14 @@ impl Caster {
         let expired: Vec<u64> = self
             .requests
             .iter()
-            .filter(|(_, r)| r.node.deadline <= now)
+            .filter(|(_, r)| self.due(r) <= now)
             .map(|(seq, _)| *seq)
             .collect();
         for seq in expired {
             let Some(mut request) = self.requests.remove(&seq) else {
                 continue;
             };
-            let error = RankError::Timeout(request.node.timeout_ms);
+            let error = RankError::Timeout(request.timeout_ms);
             match request.node.mode {
                 CastMode::Stream => {
                     let mut all: Vec<u32> =

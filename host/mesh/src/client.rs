@@ -11,6 +11,8 @@
 //!   (CA-3); subscribers get one [`MeshEvent::ProcStopped`].
 //! - SV-2: spawning actors on a dead proc fails at once, naming the proc.
 //! - SV-3: spawning a mesh is all or nothing.
+//! - SV-4: a probe of the procs ([`MeshClient::probe_procs`]) ends within
+//!   its timeout whatever the procs do, with one answer per live proc.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -20,7 +22,7 @@ use hyperactor::{ChannelAddr, Mailbox, PortRef, Proc, ProcConfig, ProcId};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
-use crate::agent::{MeshEvent, SpawnActors, StopActors, agent_port};
+use crate::agent::{MeshEvent, ProbeActors, SpawnActors, StopActors, agent_port};
 use crate::alloc::{AllocError, Allocated, Allocator};
 use crate::comm::{ProcDied, comm_port};
 
@@ -70,6 +72,22 @@ pub struct ProcInfo {
     pub ended: Option<String>,
     /// Whether its owner stopped it (an end that is not a failure).
     pub stopped: bool,
+}
+
+/// One proc's answer to a probe ([`MeshClient::probe_procs`]).
+#[derive(Debug, Clone)]
+pub struct ProbeAnswer {
+    /// The proc.
+    pub proc: ProcId,
+    /// Its place among the procs the client started, from 0.
+    pub index: usize,
+    /// The host it runs on: an agent's address, or `local`.
+    pub host: String,
+    /// Its OS process, when it has one of its own.
+    pub pid: Option<u32>,
+    /// What its embedding answered; why there is no answer otherwise (no
+    /// hook, no answer in time).
+    pub answer: Result<Vec<u8>, String>,
 }
 
 /// The controller's view of its procs; see the module docs.
@@ -301,6 +319,53 @@ impl MeshClient {
         futures::future::join_all(calls).await;
     }
 
+    /// Asks every live proc `query` through its agent, all at once (PA-4),
+    /// and gives each one's answer, in the order the procs were started.
+    /// A proc that does not answer within `timeout` is reported as such
+    /// (SV-4).
+    pub async fn probe_procs(&self, query: &str, timeout: Duration) -> Vec<ProbeAnswer> {
+        let live: Vec<(usize, Allocated)> = {
+            let state = self.state.lock();
+            state
+                .procs
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| {
+                    !state.dead.contains_key(&p.proc) && !state.stopping.contains(&p.proc)
+                })
+                .map(|(index, p)| (index, p.clone()))
+                .collect()
+        };
+        let calls = live.into_iter().map(|(index, allocated)| {
+            let reply = agent_port::<ProbeActors>(&allocated.proc).map(|port| {
+                let query = query.to_string();
+                self.mailbox
+                    .start_call(port.id(), |reply| ProbeActors { query, reply })
+            });
+            let host = self.allocator.host_name(allocated.host);
+            async move {
+                let answer = match reply {
+                    None => Err("the proc has no valid agent name".to_string()),
+                    Some(reply) => match reply.recv_timeout(timeout).await {
+                        Ok(answer) => answer,
+                        Err(hyperactor::CallError::Timeout(_)) => {
+                            Err(format!("did not answer within {} ms", timeout.as_millis()))
+                        }
+                        Err(e) => Err(format!("did not answer: {e}")),
+                    },
+                };
+                ProbeAnswer {
+                    proc: allocated.proc,
+                    index,
+                    host,
+                    pid: allocated.pid,
+                    answer,
+                }
+            }
+        });
+        futures::future::join_all(calls).await
+    }
+
     /// Sends `signal` to `proc`'s process (for tests and chaos drills).
     pub fn kill(&self, proc: &ProcId, signal: i32) -> Result<(), AllocError> {
         self.allocator.kill(proc, signal)
@@ -378,4 +443,98 @@ fn handle_event(
     state
         .subscribers
         .retain(|subscriber| subscriber.send(event.clone()).is_ok());
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::agent::Registry;
+    use crate::alloc::InProcessAllocator;
+
+    /// A client of `procs` procs in this process, spawning from `registry`.
+    async fn client(registry: Registry, procs: usize) -> (Arc<MeshClient>, Vec<ProcId>) {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let addr = format!(
+            "local:probe-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        )
+        .parse()
+        .unwrap();
+        let allocator = Arc::new(InProcessAllocator::new(Arc::new(registry)));
+        let client = MeshClient::new(addr, allocator, Arc::new(|_: &str| {}))
+            .await
+            .unwrap();
+        let procs = client.spawn_procs(procs).await.unwrap();
+        (client, procs.into_iter().map(|a| a.proc).collect())
+    }
+
+    fn blobs() -> std::path::PathBuf {
+        std::env::temp_dir().join("mesh-test-blobs")
+    }
+
+    /// SV-4 and PA-4: every live proc answers, in start order; one whose
+    /// hook never answers is named after the timeout, and holds up neither
+    /// the others nor its own agent's spawns; a stopped proc is not asked.
+    #[tokio::test]
+    async fn sv4_a_probe_answers_per_live_proc_and_a_silent_proc_is_named_in_time() {
+        let mut registry = crate::testing::echo_registry(blobs());
+        registry.on_probe(Arc::new(|proc: &ProcId, query: &str| {
+            let silent = proc.name() == "proc1";
+            let answer = format!("{query} from {}", proc.name()).into_bytes();
+            Box::pin(async move {
+                if silent {
+                    std::future::pending::<()>().await;
+                }
+                answer
+            })
+        }));
+        let (client, procs) = client(registry, 3).await;
+        let started = Instant::now();
+        let answers = client
+            .probe_procs("stacks", Duration::from_millis(300))
+            .await;
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the probe took {:?}",
+            started.elapsed()
+        );
+        let indexes: Vec<usize> = answers.iter().map(|a| a.index).collect();
+        assert_eq!(indexes, vec![0, 1, 2]);
+        assert_eq!(answers[0].answer, Ok(b"stacks from proc0".to_vec()));
+        assert_eq!(answers[2].answer, Ok(b"stacks from proc2".to_vec()));
+        assert_eq!(answers[1].host, "local");
+        let silent = answers[1].answer.as_ref().unwrap_err();
+        assert!(silent.contains("did not answer within 300 ms"), "{silent}");
+        // PA-4: proc1's agent still spawns while its probe hangs.
+        let spec = ActorSpec {
+            kind: "echo".into(),
+            name: "e".into(),
+            extent: vec![("procs".into(), 1)],
+            params: vec![],
+            per_proc: 1,
+        };
+        client
+            .spawn_actors(&procs[1..2], &spec, Duration::from_secs(5))
+            .await
+            .unwrap();
+        client.stop_procs(&procs[2..]);
+        let answers = client
+            .probe_procs("stacks", Duration::from_millis(300))
+            .await;
+        let asked: Vec<&ProcId> = answers.iter().map(|a| &a.proc).collect();
+        assert_eq!(asked, vec![&procs[0], &procs[1]]);
+    }
+
+    /// PA-4: a proc whose process set no hook says so at once.
+    #[tokio::test]
+    async fn pa4_a_proc_without_a_probe_hook_says_so() {
+        let (client, _procs) = client(crate::testing::echo_registry(blobs()), 1).await;
+        let answers = client.probe_procs("stacks", Duration::from_secs(5)).await;
+        assert_eq!(answers.len(), 1);
+        let error = answers[0].answer.as_ref().unwrap_err();
+        assert!(error.contains("answers no probes"), "{error}");
+    }
 }

@@ -411,6 +411,12 @@ pub fn pooled_engine(shape: &PoolShape) -> wasmtime::Result<Engine> {
     config.wasm_component_model(true);
     config.epoch_interruption(true);
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    // A trap carries a core dump of its store, and its backtrace names
+    // files and lines where the program has DWARF, for post-mortem records
+    // (`debug::dumps`). Neither costs anything until a trap; the line tables
+    // are kept in the compiled form (part of the compile cache key).
+    config.coredump_on_trap(true);
+    config.wasm_backtrace_details(wasmtime::WasmBacktraceDetails::Enable);
     let engine = Engine::new(&config)?;
     let mut pools = POOLS.lock().unwrap_or_else(|p| p.into_inner());
     pools.retain(|(weak, _)| weak.upgrade().is_some());

@@ -404,7 +404,7 @@ pub struct HostState {
     wasi: WasiCtx,
     table: ResourceTable,
     pub(crate) limits: Limits,
-    cluster: Arc<Cluster>,
+    pub(crate) cluster: Arc<Cluster>,
     caster: Caster,
     /// Events ready for `next-events`.
     ready: VecDeque<Event>,
@@ -517,11 +517,19 @@ impl HostState {
         let mut table = ResourceTable::new();
         table.set_max_capacity(MAX_RESOURCES);
         let (completions, completed) = mpsc::unbounded_channel();
+        let mut caster = Caster::new(mailbox, cluster.sandbox.fanout);
+        // In a debugged run whose hub is in this process (the
+        // controller's), calls wait as long as their ranks are paused.
+        if let Some(config) = &cluster.sandbox.debug
+            && let Some(clock) = crate::debug::hub::clock(&config.token)
+        {
+            caster.set_hold(Arc::new(move || clock.paused()));
+        }
         HostState {
             wasi,
             table,
             limits,
-            caster: Caster::new(mailbox, cluster.sandbox.fanout),
+            caster,
             cluster,
             ready: VecDeque::new(),
             pending: HashMap::new(),
@@ -853,6 +861,14 @@ pub(crate) fn new_store(cluster: &Arc<Cluster>, state: HostState) -> Store<HostS
         }
         if Instant::now() >= deadline {
             wasmtime::bail!("the run's deadline passed while the guest was running (--timeout)");
+        }
+        // `monarch-host stacks` asked for this instance's stack: take it
+        // here, where the guest's frames are, and let the guest go on. One
+        // relaxed load per tick while nobody asks (ST-1).
+        if let Some(probe) = &cx.data().probe
+            && probe.wanted()
+        {
+            probe.take_sample(&cx);
         }
         Ok(UpdateDeadline::Yield(1))
     });

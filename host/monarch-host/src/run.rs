@@ -308,11 +308,16 @@ impl Prepared {
         let mut state = HostState::new(cluster.clone(), &mailbox, "controller".into(), output);
         state.watch(client.subscribe());
         state.slot = slot;
+        state.probe = Some(crate::debug::stacks::Probe::controller(
+            client.proc().id(),
+            &cluster,
+        ));
+        state.debug.whoami.mesh = "controller".into();
         let mut store = new_store(&cluster, state);
         let run = tokio::time::timeout(deadline, async {
             let trapped = |e: wasmtime::Error| match e.downcast_ref::<wasmtime_wasi::I32Exit>() {
                 Some(exit) => RunError::Exit(exit.0),
-                None => RunError::Trap(format!("{e:?}")),
+                None => RunError::Trap(crate::wasm_actor::trap_text(&e)),
             };
             let result = match &self.entry {
                 Entry::Program(pre) => {

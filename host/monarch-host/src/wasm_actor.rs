@@ -31,6 +31,7 @@ use tokio::sync::OnceCell;
 use wasmtime::Store;
 
 use crate::bindings::{Dim, Program, ProgramPre};
+use crate::debug::pause::{PauseClock, Whoami};
 use crate::engine::{self, Placement, Sandbox};
 use crate::host::{Cluster, HostState, Interrupt, LogSink, ProgramBytes, linker, new_store};
 use crate::mesh::{WASM_KIND, WasmSpawnParams};
@@ -48,6 +49,8 @@ pub struct WasmActor {
     handler_timeout: Option<Duration>,
     /// Raised by the proc's agent when it stops the actor (see `HostState`).
     interrupt: Arc<Interrupt>,
+    /// The time its instance has spent paused at breakpoints.
+    paused: Arc<PauseClock>,
     /// Tasks that wake the actor when a mesh it owns has news (AO-2);
     /// they end with it.
     watchers: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
@@ -94,22 +97,37 @@ async fn race<T>(
     export: impl std::future::Future<Output = wasmtime::Result<T>>,
     deadline: Option<Duration>,
     interrupt: &Interrupt,
+    paused: &PauseClock,
 ) -> Ended<T> {
     let ended = |result: wasmtime::Result<T>| match result {
         Ok(value) => Ended::Returned(value),
         Err(trap) => Ended::Trapped(trap),
     };
-    let until = deadline.map(|after| tokio::time::Instant::now() + after);
+    let started = tokio::time::Instant::now();
+    let held_before = paused.paused();
     let mut export = std::pin::pin!(export);
     // Most exports return at their first poll: then neither the timer nor
     // the interrupt's waiter is ever set up.
     if let std::task::Poll::Ready(result) = futures::poll!(export.as_mut()) {
         return ended(result);
     }
+    // Time paused at a breakpoint does not count against the deadline.
     let expired = async {
-        match until {
-            Some(until) => tokio::time::sleep_until(until).await,
-            None => std::future::pending().await,
+        let Some(after) = deadline else {
+            return std::future::pending().await;
+        };
+        loop {
+            let held = paused.paused().saturating_sub(held_before);
+            let due = started + after + held;
+            let now = tokio::time::Instant::now();
+            if due <= now && !paused.is_paused() {
+                return;
+            }
+            let wake = match paused.is_paused() {
+                true => now + PAUSE_RECHECK,
+                false => due,
+            };
+            tokio::time::sleep_until(wake).await;
         }
     };
     tokio::select! {
@@ -119,6 +137,9 @@ async fn race<T>(
         _ = expired => Ended::Deadline(deadline.unwrap_or_default()),
     }
 }
+
+/// How often a deadline that a pause holds is looked at again.
+const PAUSE_RECHECK: Duration = Duration::from_millis(100);
 
 impl Actor for WasmActor {
     fn exports(exports: &mut Exports<Self>) {
@@ -132,6 +153,18 @@ impl Actor for WasmActor {
         let mut state = HostState::new(self.cluster.clone(), &mailbox, who, Some(output));
         state.interrupt = self.interrupt.clone();
         state.slot = self.slot.take();
+        state.probe = Some(crate::debug::stacks::Probe::actor(
+            &self.mesh,
+            self.rank,
+            cx.proc().id(),
+            &self.cluster,
+        ));
+        state.debug.clock = self.paused.clone();
+        state.debug.whoami = Whoami {
+            mesh: self.mesh.clone(),
+            rank: self.rank,
+            extent: self.extent.iter().map(|d| (d.name.clone(), d.size)).collect(),
+        };
         // What the actor spawns is its own: failures go to its `supervise`
         // export, between messages (AO-2).
         state.unsupervised = Some(Default::default());
@@ -175,7 +208,7 @@ impl Actor for WasmActor {
                 Some(full) => anyhow!(
                     "instantiating the program: this process's instance pool is exhausted ({full}); spawn fewer actors per proc, or raise --max-instances"
                 ),
-                None => anyhow!("instantiating the program: {e:?}"),
+                None => anyhow!("instantiating the program: {}", trap_text(&e)),
             })?;
         let create = program.monarch_host_actor_class().call_create(
             &mut store,
@@ -184,11 +217,13 @@ impl Actor for WasmActor {
             self.rank,
             &self.extent,
         );
-        let created = match race(create, self.handler_timeout, &self.interrupt).await {
+        let created = match race(create, self.handler_timeout, &self.interrupt, &self.paused).await {
             Ended::Returned(created) => created,
             Ended::Trapped(trap) => {
-                tracing::info!(actor = %cx.actor_id(), "trap in create: {trap:?}");
-                let fault = trap_fault(&trap, "create", store.data().limits.out_of_memory());
+                tracing::info!(actor = %cx.actor_id(), "trap in create: {}", trap_text(&trap));
+                let mut fault = trap_fault(&trap, "create", store.data().limits.out_of_memory());
+                post_mortem(&self.cluster, &self.mesh, self.rank, &mut store, &trap, &mut fault)
+                    .await;
                 return Err(anyhow!("`create` trapped: {}", fault.message));
             }
             Ended::Deadline(after) => {
@@ -220,12 +255,16 @@ impl Handler<MeshCall> for WasmActor {
             ms => Some(Duration::from_millis(ms)),
         };
         store.data_mut().limits.clear();
+        let in_endpoint = store.data().probe.as_ref().map(|p| p.enter(&call.endpoint));
         let handle = program.monarch_host_actor_class().call_handle(
             &mut *store,
             &call.endpoint,
             &call.message,
         );
-        let ended = race(handle, deadline, &self.interrupt).await;
+        let ended = race(handle, deadline, &self.interrupt, &self.paused).await;
+        drop(in_endpoint);
+        // A pause the handler opened ends with it.
+        store.data_mut().debug.close();
         let endpoint = call.endpoint.as_str();
         match ended {
             Ended::Returned(Ok(reply)) => {
@@ -256,8 +295,9 @@ impl Handler<MeshCall> for WasmActor {
             // A trap is fatal: hyperactor fails the actor and every caller
             // waiting on it, this one included, with the encoded fault.
             Ended::Trapped(trap) => {
-                tracing::info!(actor = %cx.actor_id(), endpoint, "trap: {trap:?}");
-                let fault = trap_fault(&trap, endpoint, store.data().limits.out_of_memory());
+                tracing::info!(actor = %cx.actor_id(), endpoint, "trap: {}", trap_text(&trap));
+                let mut fault = trap_fault(&trap, endpoint, store.data().limits.out_of_memory());
+                post_mortem(&self.cluster, &self.mesh, self.rank, store, &trap, &mut fault).await;
                 self.instance = None;
                 Err(anyhow!(fault.encode()))
             }
@@ -312,13 +352,16 @@ impl WasmActor {
             let supervise = program
                 .monarch_host_actor_class()
                 .call_supervise(&mut *store, &failure);
-            let why = match race(supervise, self.handler_timeout, &self.interrupt).await {
+            let why = match race(supervise, self.handler_timeout, &self.interrupt, &self.paused).await {
                 Ended::Returned(true) => continue,
                 Ended::Returned(false) => "its `supervise` did not handle it".to_string(),
-                Ended::Trapped(trap) => format!(
-                    "its `supervise` trapped: {}",
-                    trap_fault(&trap, "supervise", store.data().limits.out_of_memory()).message
-                ),
+                Ended::Trapped(trap) => {
+                    let out_of_memory = store.data().limits.out_of_memory();
+                    let mut fault = trap_fault(&trap, "supervise", out_of_memory);
+                    post_mortem(&self.cluster, &self.mesh, self.rank, store, &trap, &mut fault)
+                        .await;
+                    format!("its `supervise` trapped: {}", fault.message)
+                }
                 Ended::Deadline(after) => format!(
                     "its `supervise` ran past the handler deadline of {} ms",
                     after.as_millis()
@@ -359,6 +402,51 @@ pub(crate) fn trap_reason(error: &wasmtime::Error) -> String {
         // cause says why; the outer layers are the backtrace.
         None => error.root_cause().to_string(),
     }
+}
+
+/// A trap as `{:?}` shows it (what wasmtime attached, outermost first,
+/// then `Caused by:` and the causes), less the core dump that
+/// `coredump_on_trap` attaches: its summary lists every module, instance,
+/// memory and global of the store, which belongs in a post-mortem record
+/// (`debug::dumps`), not in logs and error messages.
+pub(crate) fn trap_text(error: &wasmtime::Error) -> String {
+    let dump = error
+        .downcast_ref::<wasmtime::WasmCoreDump>()
+        .map(|dump| dump.to_string());
+    let mut layers = error
+        .chain()
+        .map(|layer| layer.to_string())
+        .filter(|layer| Some(layer) != dump.as_ref());
+    let mut text = layers.next().unwrap_or_default();
+    let causes: Vec<String> = layers.collect();
+    if !causes.is_empty() {
+        text.push_str("\n\nCaused by:\n");
+    }
+    for (i, cause) in causes.iter().enumerate() {
+        match causes.len() {
+            1 => text.push_str(&format!("    {cause}\n")),
+            _ => text.push_str(&format!("{i: >5}: {cause}\n")),
+        }
+    }
+    text
+}
+
+/// Writes the post-mortem record of a trap of the actor `mesh[rank]`, if
+/// its sandbox asks for records, and names it in `fault`'s message.
+async fn post_mortem(
+    cluster: &Cluster,
+    mesh: &str,
+    rank: u32,
+    store: &mut Store<HostState>,
+    trap: &wasmtime::Error,
+    fault: &mut Fault,
+) {
+    let who = crate::debug::dumps::Trapped {
+        mesh,
+        rank,
+        program: &cluster.program.sha256,
+    };
+    crate::debug::dumps::record(cluster.sandbox.dumps.as_ref(), who, store, trap, fault).await;
 }
 
 /// What a trap in `endpoint` was, with its kind and the guest's Wasm
@@ -521,6 +609,7 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
                     instance: None,
                     handler_timeout,
                     interrupt: Arc::default(),
+                    paused: Arc::default(),
                     watchers: Arc::default(),
                     slot,
                 };
@@ -534,6 +623,8 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
     // RDMA buffers.
     monarch_tensor::mesh::register(&mut registry);
     monarch_rdma::mesh::register(&mut registry);
+    // Every proc answers `monarch-host stacks` for its actors.
+    registry.on_probe(Arc::new(crate::debug::stacks::answer));
     // A host compiles a program when it arrives, once for all its procs;
     // the process that runs the controller has compiled it already.
     if !compiled_here {

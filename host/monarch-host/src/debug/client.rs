@@ -1,12 +1,122 @@
-//! `monarch-host debug`: the `monarch_dbg>` prompt.
+//! `monarch-host debug`: the `monarch_dbg>` prompt of a run's debug hub.
+//!
+//! The client is a terminal: it sends each line typed to the hub and
+//! prints what the hub sends (see [`super::hub`] for the commands).
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use super::hub::{Endpoint, connect};
 
 /// `monarch-host debug`.
 #[derive(Debug, clap::Args)]
-pub struct DebugArgs {}
+pub struct DebugArgs {
+    /// The run to debug, by the id its record has (default: the newest
+    /// live run on this machine).
+    #[arg(long)]
+    pub run: Option<String>,
+    /// A run's debug hub elsewhere, as `IP:PORT` (what the run printed),
+    /// with --token-file.
+    #[arg(long, requires = "token_file", conflicts_with = "run")]
+    pub addr: Option<String>,
+    /// A file holding that run's debug token (in its record, `token`).
+    #[arg(long)]
+    pub token_file: Option<std::path::PathBuf>,
+}
 
 /// Runs `monarch-host debug`.
-pub fn command(args: DebugArgs) -> std::process::ExitCode {
-    let _ = args;
-    eprintln!("monarch-host debug: not built yet");
-    std::process::ExitCode::FAILURE
+pub fn command(args: DebugArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("monarch-host debug: error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(session(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("monarch-host debug: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn session(args: DebugArgs) -> Result<(), String> {
+    let (endpoint, token) = match (&args.addr, &args.token_file) {
+        (Some(addr), Some(file)) => {
+            let token = std::fs::read_to_string(file)
+                .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+            (Endpoint::Tcp(addr.clone()), token.trim().to_string())
+        }
+        _ => {
+            let record = super::runs::find(args.run.as_deref())?;
+            if record.debug_addr.is_none() {
+                eprintln!(
+                    "monarch-host debug: note: run {} has breakpoints off (start it with --debug-listen 127.0.0.1:0); nothing will pause",
+                    record.id
+                );
+            }
+            (Endpoint::Unix(record.control), record.token)
+        }
+    };
+    let (read, mut write) = connect(&endpoint, &token, "client", json!({})).await?;
+    let mut from_hub = BufReader::new(read).lines();
+    let mut stdin = BufReader::new(tokio::io::stdin()).lines();
+    let mut stdin_open = true;
+    loop {
+        tokio::select! {
+            line = from_hub.next_line() => {
+                let line = match line {
+                    Ok(Some(line)) => line,
+                    Ok(None) => {
+                        println!("\nthe run has ended");
+                        return Ok(());
+                    }
+                    Err(e) => return Err(format!("reading from the run: {e}")),
+                };
+                let said: Value = serde_json::from_str(&line)
+                    .map_err(|e| format!("the run sent a bad line: {e}"))?;
+                if let Some(error) = said.get("error").and_then(Value::as_str) {
+                    return Err(error.to_string());
+                }
+                let mut out = std::io::stdout().lock();
+                if let Some(text) = said.get("out").and_then(Value::as_str) {
+                    let _ = out.write_all(text.as_bytes());
+                }
+                if let Some(prompt) = said.get("prompt").and_then(Value::as_str) {
+                    let _ = out.write_all(prompt.as_bytes());
+                }
+                let _ = out.flush();
+                if said.get("bye").and_then(Value::as_bool) == Some(true) {
+                    return Ok(());
+                }
+            }
+            line = stdin.next_line(), if stdin_open => {
+                match line {
+                    Ok(Some(line)) => {
+                        let mut message = json!({ "line": line }).to_string();
+                        message.push('\n');
+                        write
+                            .write_all(message.as_bytes())
+                            .await
+                            .map_err(|e| format!("the run went away: {e}"))?;
+                    }
+                    // End of input: leave as `quit` would.
+                    _ => {
+                        stdin_open = false;
+                        let mut message = json!({ "line": "quit" }).to_string();
+                        message.push('\n');
+                        let _ = write.write_all(message.as_bytes()).await;
+                    }
+                }
+            }
+        }
+    }
 }

@@ -4,6 +4,9 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+/// The stacks of a running job (`GET /v1/jobs/{id}/stacks`).
+pub use crate::debug::stacks::Report as StacksReport;
+
 /// An error: what went wrong, in a sentence.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ApiError {
@@ -238,6 +241,17 @@ pub struct LogEnd {
     pub status: JobStatus,
     /// Why it failed or was cancelled.
     pub error: Option<String>,
+}
+
+/// The post-mortem records of a job's trapped actors
+/// (`GET /v1/jobs/{id}/dumps`).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DumpList {
+    /// The job.
+    pub job: u64,
+    /// Its records, by mesh and rank; each names its core dump (a file
+    /// beside it, `GET /v1/jobs/{id}/dumps/{file}`), if any.
+    pub dumps: Vec<crate::debug::dumps::Dump>,
 }
 
 /// A persistent mesh to create.

@@ -116,6 +116,13 @@ impl ApiClient {
             .await
     }
 
+    /// The stacks of running job `id`, sampled without stopping its
+    /// actors, as the server gives them ([`StacksReport`]).
+    pub async fn stacks(&self, id: u64) -> Result<serde_json::Value, String> {
+        self.send(self.request(Method::GET, &format!("/v1/jobs/{id}/stacks")))
+            .await
+    }
+
     /// Creates a persistent mesh.
     pub async fn create_mesh(&self, name: &str, procs: u32) -> Result<MeshInfo, String> {
         let request = MeshRequest {

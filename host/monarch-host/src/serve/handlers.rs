@@ -76,6 +76,7 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/v1/jobs", post(submit).get(list_jobs))
         .route("/v1/jobs/{id}", get(get_job).delete(cancel_job))
         .route("/v1/jobs/{id}/logs", get(job_logs))
+        .route("/v1/jobs/{id}/stacks", get(job_stacks))
         .route("/v1/meshes", post(create_mesh).get(list_meshes))
         .route("/v1/meshes/{name}", delete(delete_mesh))
         .fallback(|| async { fail(StatusCode::NOT_FOUND, "no such route; see /v1/openapi.json") })
@@ -99,6 +100,7 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         get_job,
         cancel_job,
         job_logs,
+        job_stacks,
         create_mesh,
         list_meshes,
         delete_mesh,
@@ -676,6 +678,41 @@ async fn cancel_job(With(state): With<Arc<State>>, Path(id): Path<String>) -> An
             StatusCode::CONFLICT,
             format!("job {id} has already finished: {}", job.status.as_str()),
         )),
+    }
+}
+
+/// Each actor's current stack in a running job, sampled at its next epoch
+/// tick without stopping it (what `monarch-host stacks --server` prints).
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}/stacks",
+    params(("id" = u64, Path)),
+    responses(
+        (status = 200, body = StacksReport),
+        (status = 404, body = ApiError),
+        (status = 409, description = "The job is not running", body = ApiError)
+    )
+)]
+async fn job_stacks(
+    With(state): With<Arc<State>>,
+    Path(id): Path<String>,
+) -> Result<axum::Json<serde_json::Value>, Fail> {
+    let id = job_id(&id)?;
+    let job = find_job(&state, id)?;
+    let cluster = state.live().get(&id).and_then(|live| live.run.cluster());
+    let Some(cluster) = cluster else {
+        return Err(fail(
+            StatusCode::CONFLICT,
+            format!(
+                "job {id} is not running ({}): only a running job has stacks",
+                job.status.as_str()
+            ),
+        ));
+    };
+    let stacks = crate::debug::stacks::collect(&cluster).await;
+    match stacks.get("error").and_then(serde_json::Value::as_str) {
+        Some(error) => Err(fail(StatusCode::CONFLICT, format!("job {id}: {error}"))),
+        None => Ok(axum::Json(stacks)),
     }
 }
 

@@ -91,6 +91,8 @@ impl JobLog {
 pub(crate) struct LiveJob {
     pub(crate) log: Arc<JobLog>,
     cancel: watch::Sender<Option<String>>,
+    /// The job's cluster while its controller runs, for `stacks`.
+    pub(crate) run: crate::debug::LiveRun,
 }
 
 impl LiveJob {
@@ -143,6 +145,7 @@ pub(crate) fn start(
     let live = Arc::new(LiveJob {
         log: log.clone(),
         cancel,
+        run: Default::default(),
     });
     state.live().insert(id, live);
     state.counters.submitted.fetch_add(1, Ordering::Relaxed);
@@ -277,9 +280,13 @@ async fn run(
             .map(|d| d.max(Duration::from_millis(1))),
         grants,
         max_instances: crate::engine::DEFAULT_MAX_INSTANCES,
-        dumps: None,
+        dumps: Some(crate::debug::dumps::for_job(&state.config.data, id)),
         debug: None,
-        live: Default::default(),
+        live: state
+            .live()
+            .get(&id)
+            .map(|job| job.run.clone())
+            .unwrap_or_default(),
     };
     let (mesh, view, fresh) = match &target {
         Target::Persistent(name) => {

@@ -6,6 +6,11 @@
 //! - `spin actor`: a `Spinner` actor spins inside its `spin` endpoint. The
 //!   controller's call must end with a timeout error after the call timeout,
 //!   and the controller then returns Ok while the actor still spins.
+//! - `spin stacks PROCS RANK SECONDS`: a `Spinner` on each of PROCS procs;
+//!   the one at RANK spins, the others stay idle, and the controller waits
+//!   SECONDS in the host before it returns: what `monarch-host stacks`
+//!   samples (tests/stacks.rs). This crate keeps its line tables (see
+//!   guest-sdk/Cargo.toml) so that the stack names the spinning line.
 
 use std::time::Duration;
 
@@ -69,8 +74,27 @@ async fn main(args: Vec<String>) -> Result<(), String> {
                 other => Err(format!("expected the call to time out, got {other:?}")),
             }
         }
-        Some(other) => Err(format!("usage: spin [actor]; unknown mode `{other}`")),
+        Some("stacks") => stacks(&args[1..]).await,
+        Some(other) => Err(format!(
+            "usage: spin [actor | stacks PROCS RANK SECONDS]; unknown mode `{other}`"
+        )),
     }
+}
+
+/// `spin stacks PROCS RANK SECONDS`; see the crate docs.
+async fn stacks(args: &[String]) -> Result<(), String> {
+    let number = |i: usize| {
+        args.get(i)
+            .and_then(|arg| arg.parse::<u32>().ok())
+            .ok_or("usage: spin stacks PROCS RANK SECONDS")
+    };
+    let (procs, rank, seconds) = (number(0)?, number(1)?, number(2)?);
+    let procs = spawn_procs(&extent!(procs = procs))?;
+    let spinners = procs.spawn::<Spinner>("spinners", &())?;
+    spinners.at("procs", rank)?.broadcast(&Spin)?;
+    info!("spinner {rank} was asked to spin");
+    sleep(Duration::from_secs(seconds.into())).await;
+    Ok(())
 }
 
 monarch_guest::program! {
