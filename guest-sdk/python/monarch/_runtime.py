@@ -15,7 +15,7 @@ from componentize_py_types import Err
 from wit_world.imports import mesh as _wmesh
 from wit_world.imports import types as _wt
 
-from . import _codec, _program
+from . import _codec, _debug, _program
 from ._errors import MeshFailure, SupervisionError, from_call_error, type_name_of
 from ._loop import HostLoop, HostLoopPolicy
 from ._shape import Extent, Point, ValueMesh, selectors
@@ -747,6 +747,7 @@ def export_handle(endpoint_name, message):
             )
         ) from None
     finally:
+        _debug.end()
         _flush()
 
 

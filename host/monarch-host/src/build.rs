@@ -59,6 +59,10 @@ const PYTHON_SDK: &[Bundled] = &[
         include_str!("../../../guest-sdk/python/monarch/_loop.py"),
     ),
     (
+        "python/monarch/_debug.py",
+        include_str!("../../../guest-sdk/python/monarch/_debug.py"),
+    ),
+    (
         "python/monarch/_preload.py",
         include_str!("../../../guest-sdk/python/monarch/_preload.py"),
     ),
