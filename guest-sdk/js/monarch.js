@@ -12,6 +12,7 @@
 
 import mesh from "monarch:host/mesh@0.2.0";
 import logging from "monarch:host/logging@0.2.0";
+import debug from "monarch:host/debug@0.2.0";
 
 import {
   CodecError,
@@ -69,6 +70,28 @@ globalThis.console = {
   warn: logAt("warn"),
   error: logAt("error"),
 };
+
+// ------------------------------------------------------------- breakpoints
+
+/**
+ * Pauses this actor (or the controller) for `monarch-host debug`, showing
+ * `values` (`breakpoint({ lr, step })`), when the run has debugging on
+ * (`run --debug-listen`); does nothing otherwise, so a stray one never
+ * hangs a run. At its `(monarch)` prompt: `p NAME`, `locals`, `where`, `c`.
+ * Returns whether it paused.
+ */
+export function breakpoint(values = {}) {
+  if (!debug.enabled()) return false;
+  // The caller's frame: QuickJS writes `    at NAME (FILE:LINE)`.
+  const frames = String(new Error().stack || "")
+    .split("\n")
+    .map((line) => line.trim())
+    .filter((line) => line.startsWith("at "));
+  const caller = /^at (?:(\S+) )?\(?([^()]*?)\)?$/.exec(frames[1] || "") || [];
+  const shown = Object.entries(values).map(([name, value]) => [name, inspect(value)]);
+  debug.breakpoint(caller[1] || "<anonymous>", caller[2] || "<unknown>", shown);
+  return true;
+}
 
 // ------------------------------------------------------------------ random
 

@@ -17,6 +17,7 @@ import {
   CodecError,
   SupervisionError,
   Tagged,
+  breakpoint,
   currentPoint,
   currentRank,
   currentSize,
@@ -98,6 +99,7 @@ function semantics() {
   const echo = procs.spawn("echo", Echo, "e", kwargs({ verbose: true }));
 
   const who = echo.whoami.call().get();
+  check("a breakpoint without debugging on does nothing", breakpoint({ who }) === false);
   check("init args and kwargs reach the constructor", who[1].label === "e" && who[1].options.verbose === true);
   check("currentRank/currentSize/currentPoint in actors", who[1].rank === 1 && who[1].size === 2 && who[1].point.procs === 1);
   check("Math.random differs between actors", who[0].random !== who[1].random && who[0].random >= 0 && who[0].random < 1);
