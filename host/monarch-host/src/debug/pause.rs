@@ -171,7 +171,7 @@ pub(crate) fn host_name() -> String {
 impl HostState {
     /// Opens a pause at the hub; false when debugging is off or the hub
     /// cannot be reached (then the guest runs on).
-    async fn open_pause(&mut self, function: String, location: String, reason: String) -> bool {
+    pub(crate) async fn open_pause(&mut self, function: String, location: String, reason: String) -> bool {
         let Some(config) = self.cluster.sandbox.debug.clone() else {
             return false;
         };
@@ -249,7 +249,7 @@ impl HostState {
 
     /// The next input line of the pause; traps when the pause is
     /// abandoned, the hub is gone, or the actor is stopped.
-    async fn next_input(&mut self) -> wasmtime::Result<String> {
+    pub(crate) async fn next_input(&mut self) -> wasmtime::Result<String> {
         let interrupt = self.interrupt.clone();
         let Some(session) = self.debug.session.as_mut() else {
             wasmtime::bail!("`read-line` was called with no pause open (call `pause` first)");
@@ -279,7 +279,7 @@ impl HostState {
         }
     }
 
-    fn output(&mut self, text: &str) {
+    pub(crate) fn output(&mut self, text: &str) {
         if let Some(session) = &self.debug.session {
             session.send(serde_json::json!({ "out": text }));
         }
