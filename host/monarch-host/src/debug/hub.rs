@@ -74,6 +74,9 @@ pub struct Hub {
     pub tcp: Option<std::net::SocketAddr>,
     /// The unix socket local clients reach the hub at.
     pub control: PathBuf,
+    /// The run's instances on the debug engine and its breakpoints
+    /// (`run --debug`).
+    pub engine: super::engine::Registry,
 }
 
 /// The hubs of this process, by token, for the casters of their runs.
@@ -127,6 +130,7 @@ impl Hub {
             clock: Arc::default(),
             tcp: tcp.as_ref().and_then(|l| l.local_addr().ok()),
             control: control.to_path_buf(),
+            engine: Default::default(),
         });
         HUBS.lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -190,20 +194,21 @@ impl Hub {
     }
 
     async fn serve<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(self: Arc<Self>, stream: S) {
-        let (read, write) = tokio::io::split(stream);
-        let mut lines = BufReader::new(read).lines();
-        let Ok(Some(first)) = lines.next_line().await else {
-            return;
+        let (read, mut write) = tokio::io::split(stream);
+        let mut lines = BufReader::new(read);
+        let hello = match read_line(&mut lines, HELLO_MAX).await {
+            Ok(Some(first)) => serde_json::from_str::<Value>(&first)
+                .map_err(|e| format!("the first line is not JSON: {e}")),
+            Ok(None) => return,
+            Err(e) => Err(e.to_string()),
         };
-        let hello: Value = match serde_json::from_str(&first) {
-            Ok(value) => value,
-            Err(_) => return,
+        let hello = match hello {
+            Ok(hello) if hello.get("token").and_then(Value::as_str) == Some(&self.token) => hello,
+            Ok(_) => json!({ "error": "wrong token for this run's debug hub" }),
+            Err(e) => json!({ "error": format!("not a debug hub request: {e}") }),
         };
-        if hello.get("token").and_then(Value::as_str) != Some(self.token.as_str()) {
-            let mut write = write;
-            let _ = write
-                .write_all(b"{\"error\":\"wrong token for this run's debug hub\"}\n")
-                .await;
+        if hello.get("error").is_some() {
+            let _ = send(&mut write, &hello).await;
             return;
         }
         match hello.get("role").and_then(Value::as_str) {
@@ -213,12 +218,15 @@ impl Hub {
                 }
             }
             Some("client") => self.serve_client(lines, write).await,
+            Some("instance") => self.engine.serve_instance(&hello, lines, write).await,
             Some("request") => {
                 let reply = self.answer_request(&hello).await;
-                let mut write = write;
-                let _ = write.write_all(format!("{reply}\n").as_bytes()).await;
+                let _ = send(&mut write, &reply).await;
             }
-            _ => {}
+            other => {
+                let error = format!("unknown role {other:?}: actor, client or request");
+                let _ = send(&mut write, &json!({ "error": error })).await;
+            }
         }
     }
 
@@ -237,7 +245,7 @@ impl Hub {
     async fn serve_actor<R, W>(
         self: Arc<Self>,
         hello: Hello,
-        mut lines: tokio::io::Lines<BufReader<R>>,
+        mut lines: BufReader<R>,
         mut write: W,
     ) where
         R: AsyncRead + Unpin,
@@ -270,7 +278,7 @@ impl Hub {
             );
         }
         let _ = self.news.send(News::Paused(id));
-        while let Ok(Some(line)) = lines.next_line().await {
+        while let Ok(Some(line)) = read_line(&mut lines, LINE_MAX).await {
             let Ok(said) = serde_json::from_str::<Value>(&line) else {
                 break;
             };
@@ -358,7 +366,7 @@ impl Hub {
 
     async fn serve_client<R, W>(
         self: Arc<Self>,
-        mut lines: tokio::io::Lines<BufReader<R>>,
+        mut lines: BufReader<R>,
         mut write: W,
     ) where
         R: AsyncRead + Unpin,
@@ -378,7 +386,7 @@ impl Hub {
         let _ = send(&mut write, &json!({ "out": out, "prompt": PROMPT })).await;
         loop {
             tokio::select! {
-                line = lines.next_line() => {
+                line = read_line(&mut lines, LINE_MAX) => {
                     let Ok(Some(line)) = line else { break };
                     let Ok(said) = serde_json::from_str::<Value>(&line) else { break };
                     let Some(line) = said.get("line").and_then(Value::as_str) else { continue };
@@ -498,6 +506,9 @@ impl Hub {
                 }
                 (self.send_and_wait(&ids, &line, news).await, false)
             }
+            Command::Interrupt { mesh, selection } => {
+                (self.interrupt(&mesh, &selection, news).await, false)
+            }
             Command::Continue => {
                 let ids: Vec<u64> = self
                     .paused
@@ -513,6 +524,61 @@ impl Hub {
                 (text, false)
             }
         }
+    }
+
+    /// `interrupt`: the selected ranks of `mesh` that run on the debug
+    /// engine stop at their next epoch tick; waits for them to pause (at
+    /// most [`ANSWER_WAIT`]) and says where each stopped.
+    async fn interrupt(
+        &self,
+        mesh: &str,
+        selection: &Selection,
+        news: &mut broadcast::Receiver<News>,
+    ) -> String {
+        // News from before is not the answer.
+        while news.try_recv().is_ok() {}
+        let ranks = self.engine.interrupt(mesh, selection);
+        if ranks.is_empty() {
+            return format!(
+                "*** no rank of `{mesh}` in {selection} runs on the debug engine (start the run with --debug)\n"
+            );
+        }
+        let mut left: std::collections::BTreeSet<u32> = ranks.iter().copied().collect();
+        let mut stopped: BTreeMap<u32, String> = BTreeMap::new();
+        let until = tokio::time::Instant::now() + ANSWER_WAIT;
+        while !left.is_empty() {
+            let item = tokio::select! {
+                item = news.recv() => item,
+                _ = tokio::time::sleep_until(until) => break,
+            };
+            match item {
+                Ok(News::Paused(id)) => {
+                    let paused = self.paused.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some(p) = paused.get(&id)
+                        && p.hello.mesh == mesh
+                        && left.remove(&p.hello.rank)
+                    {
+                        stopped.insert(
+                            p.hello.rank,
+                            format!("stopped at {} in {}", p.hello.location, p.hello.function),
+                        );
+                    }
+                }
+                Err(broadcast::error::RecvError::Closed) => break,
+                _ => {}
+            }
+        }
+        for rank in left {
+            let why = match self.find(mesh, rank) {
+                Some(_) => "is paused already; it stops again at its next epoch tick once resumed",
+                None => "has not stopped: it is not running its own code; it stops when it next does",
+            };
+            stopped.insert(rank, why.to_string());
+        }
+        stopped
+            .iter()
+            .map(|(rank, what)| format!("[{mesh} {rank}] {what}\n"))
+            .collect()
     }
 
     /// The paused ranks of `mesh` that `selection` picks.
@@ -670,6 +736,8 @@ commands:
                                `detach` comes back here
   cast MESH ranks(SEL) CMD     send CMD to the selected paused ranks of MESH and show their answers;
                                SEL: *, 1,3  0:4  0:8:2  or by dimension: hosts=1, gpus=0:2
+  interrupt MESH ranks(SEL)    stop the selected ranks where they run (a spinning loop): for runs on
+                               the debug engine (`run --debug`); then `attach` or `cast` as above
   continue                     continue every paused rank
   quit                         leave; paused ranks stay paused (for --debug-pause-limit)
 ";
@@ -681,6 +749,41 @@ pub(crate) fn coords_text(extent: &[(String, u32)], rank: u32) -> String {
         .map(|(name, at)| format!("{name}={at}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// The longest first line the hub reads (a hello), before it knows the
+/// token.
+const HELLO_MAX: usize = 64 << 10;
+
+/// The longest line it reads after (a debugger's output, a stack).
+const LINE_MAX: usize = 4 << 20;
+
+/// Reads one line of at most `max` bytes, without its newline; None at
+/// the end. A longer line is an error, not a growing buffer.
+async fn read_line<R: AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
+    max: usize,
+) -> std::io::Result<Option<String>> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let read = (&mut *reader)
+        .take(max as u64 + 1)
+        .read_until(b'\n', &mut buf)
+        .await?;
+    if read == 0 {
+        return Ok(None);
+    }
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+    } else if buf.len() > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a line longer than {max} bytes"),
+        ));
+    }
+    String::from_utf8(buf)
+        .map(Some)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "a line that is not UTF-8"))
 }
 
 async fn send<W: AsyncWrite + Unpin>(write: &mut W, value: &Value) -> std::io::Result<()> {
