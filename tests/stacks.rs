@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use monarch_host::Sandbox;
 use monarch_host::debug::LiveRun;
-use monarch_host::debug::stacks::{ActorStack, ActorState, Report, collect, is_std};
+use monarch_host::debug::stacks::{ActorStack, ActorState, Report, collect, is_std, render};
 use monarch_host::engine::EPOCH_TICK;
 use monarch_host::host::LogSink;
 use monarch_host::serve::api::JobRequest;
@@ -92,12 +92,10 @@ fn kept_lines() -> (LogSink, Arc<Mutex<Vec<String>>>) {
     (sink, lines)
 }
 
-/// ST-2 and ST-3 through the library, procs in this process: the spinning
-/// rank is named at its line within two epoch ticks of each request, and
-/// keeps spinning (sampled again later, still in `spin`, for longer); the
-/// other ranks are idle at once; the controller waits in the host.
-#[test]
-fn st3_a_spinning_rank_is_named_at_its_line_within_two_ticks_and_keeps_spinning() {
+/// Runs `spin ARGS` with procs in this process until a log line contains
+/// `ready`, then collects its stacks `count` times, 300 ms apart, and ends
+/// the run; each report with how long collecting it took.
+fn sample_run(args: &[&str], ready: &str, count: usize) -> Vec<(Duration, Report)> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -109,66 +107,100 @@ fn st3_a_spinning_rank_is_named_at_its_line_within_two_ticks_and_keeps_spinning(
         ..Sandbox::default()
     };
     let (log, lines) = kept_lines();
-    runtime.block_on(async move {
-        let args: Vec<String> = ["stacks", "3", "1", "600"].map(String::from).to_vec();
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let reports = runtime.block_on(async move {
         let run = tokio::spawn(async move {
             monarch_host::run_program(Path::new(SPIN), &args, sandbox, log).await
         });
         let until = Instant::now() + Duration::from_secs(120);
-        while !lines
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|l| l.contains("spinner 1 starts spinning"))
-        {
+        while !lines.lock().unwrap().iter().any(|l| l.contains(ready)) {
             assert!(!run.is_finished(), "the run ended: {:?}", lines.lock());
-            assert!(Instant::now() < until, "no spinner: {:?}", lines.lock());
+            assert!(
+                Instant::now() < until,
+                "never {ready:?}: {:?}",
+                lines.lock()
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let cluster = live.cluster().expect("the run's cluster while it runs");
         let mut reports = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..count {
             let asked = Instant::now();
             let value = collect(&cluster).await;
             let took = asked.elapsed();
-            let report: Report = serde_json::from_value(value.clone())
-                .unwrap_or_else(|e| panic!("{e}: {value:#}"));
+            let report: Report =
+                serde_json::from_value(value.clone()).unwrap_or_else(|e| panic!("{e}: {value:#}"));
             reports.push((took, report));
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
-        let two_ticks = (2 * EPOCH_TICK).as_secs_f64() * 1000.0;
-        for (took, report) in &reports {
-            let spinner = actor(report, "spinners", 1);
-            assert_spins_in_spin_forever(spinner);
-            let after = spinner.sampled_after_ms.expect("when it was sampled");
-            assert!(
-                after <= two_ticks,
-                "sampled {after:.1} ms after the request, past two epoch ticks ({two_ticks} ms)"
-            );
-            for idle in [0, 2] {
-                assert_eq!(actor(report, "spinners", idle).state, ActorState::Idle);
-            }
-            let controller = report.controller.as_ref().expect("the controller");
-            assert_eq!(controller.state, ActorState::Waiting, "{controller:#?}");
-            assert_eq!(controller.endpoint.as_deref(), Some("run"));
-            // The controller waits in the host: reported after a few ticks,
-            // not after a proc's timeout.
-            assert!(*took < Duration::from_millis(500), "collect took {took:?}");
-            assert_eq!(report.procs.len(), 3, "{report:#?}");
-            assert!(report.procs.iter().all(|p| p.error.is_none()));
-        }
-        // Not stopped: still in the same `spin`, for longer.
-        let first = actor(&reports[0].1, "spinners", 1).for_s.unwrap();
-        let last = actor(&reports[2].1, "spinners", 1).for_s.unwrap();
-        assert!(last >= first + 0.5, "in `spin` for {first} s, then {last} s");
-        let stuck = |report: &Report, limit| report.actors.iter().any(|a| a.stuck(limit));
-        assert!(stuck(&reports[2].1, Duration::from_millis(100)));
-        assert!(!stuck(&reports[2].1, Duration::from_secs(600)));
         assert!(!run.is_finished(), "the run ended while sampled");
         run.abort();
+        reports
     });
-    // The spinner yields at every tick, so this is quick.
+    // The spinners yield at every tick, so this is quick.
     runtime.shutdown_timeout(Duration::from_secs(1));
+    reports
+}
+
+/// ST-2 and ST-3 through the library, procs in this process: the spinning
+/// rank is named at its line within two epoch ticks of each request, and
+/// keeps spinning (sampled again later, still in `spin`, for longer); the
+/// other ranks are idle at once; the controller waits in the host.
+#[test]
+fn st3_a_spinning_rank_is_named_at_its_line_within_two_ticks_and_keeps_spinning() {
+    let reports = sample_run(&["stacks", "3", "1", "600"], "spinner 1 starts spinning", 3);
+    let two_ticks = (2 * EPOCH_TICK).as_secs_f64() * 1000.0;
+    for (took, report) in &reports {
+        let spinner = actor(report, "spinners", 1);
+        assert_spins_in_spin_forever(spinner);
+        let after = spinner.sampled_after_ms.expect("when it was sampled");
+        assert!(
+            after <= two_ticks,
+            "sampled {after:.1} ms after the request, past two epoch ticks ({two_ticks} ms)"
+        );
+        for idle in [0, 2] {
+            assert_eq!(actor(report, "spinners", idle).state, ActorState::Idle);
+        }
+        let controller = report.controller.as_ref().expect("the controller");
+        assert_eq!(controller.state, ActorState::Waiting, "{controller:#?}");
+        assert_eq!(controller.endpoint.as_deref(), Some("run"));
+        // The controller waits in the host: reported after a few ticks,
+        // not after a proc's timeout.
+        assert!(*took < Duration::from_millis(900), "collect took {took:?}");
+        assert_eq!(report.procs.len(), 3, "{report:#?}");
+        assert!(report.procs.iter().all(|p| p.error.is_none()));
+    }
+    // Not stopped: still in the same `spin`, for longer.
+    let first = actor(&reports[0].1, "spinners", 1).for_s.unwrap();
+    let last = actor(&reports[2].1, "spinners", 1).for_s.unwrap();
+    assert!(
+        last >= first + 0.5,
+        "in `spin` for {first} s, then {last} s"
+    );
+    let stuck = |report: &Report, limit| report.actors.iter().any(|a| a.stuck(limit));
+    assert!(stuck(&reports[2].1, Duration::from_millis(100)));
+    assert!(!stuck(&reports[2].1, Duration::from_secs(600)));
+}
+
+/// ST-3 for the procs an actor spawned itself (AO-1): their actors are
+/// found through the owner's own mesh client, and named with their owner.
+#[test]
+fn st3_the_actors_on_procs_an_actor_spawned_are_sampled_too() {
+    let reports = sample_run(&["nested", "600"], "spinner 0 starts spinning", 1);
+    let (_, report) = &reports[0];
+    assert_eq!(actor(report, "owners", 0).state, ActorState::Idle);
+    let inner = actor(report, "inner", 0);
+    assert_spins_in_spin_forever(inner);
+    assert_eq!(inner.owner.as_deref(), Some("owners[0]"), "{inner:#?}");
+    let owned: Vec<_> = report.procs.iter().filter(|p| p.owner.is_some()).collect();
+    assert_eq!(owned.len(), 1, "{report:#?}");
+    assert!(owned[0].error.is_none(), "{report:#?}");
+    let text = render(report);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("inner[0] (host local, proc 0 of owners[0]): in `spin` for ")),
+        "{text}"
+    );
 }
 
 /// What `monarch-host stacks ARGS` did.
@@ -371,5 +403,8 @@ fn stacks_of_the_newest_local_run_name_its_spinner() {
     assert_eq!(fine.code, Some(0), "{fine:?}");
     let none = stacks_command(&[], &[("MONARCH_CACHE_DIR", empty.0.as_path())]);
     assert_eq!(none.code, Some(2), "{none:?}");
-    assert!(none.stderr.contains("no live `monarch-host run`"), "{none:?}");
+    assert!(
+        none.stderr.contains("no live `monarch-host run`"),
+        "{none:?}"
+    );
 }

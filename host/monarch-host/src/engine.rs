@@ -48,6 +48,12 @@ pub struct Sandbox {
     pub dumps: Option<crate::debug::dumps::DumpConfig>,
     /// How actors reach the run's debugger; None: breakpoints are no-ops.
     pub debug: Option<crate::debug::pause::DebugConfig>,
+    /// Whether the program runs on the debug engine (`run --debug`): a
+    /// second engine with guest-debug instrumentation, so that breakpoints
+    /// by source line, stepping, traps and interrupts stop its instances
+    /// for the debugger ([`crate::debug::engine`]). Slower: never the
+    /// default.
+    pub debug_engine: bool,
     /// Filled with the run's cluster while it runs, for debuggers.
     pub live: crate::debug::LiveRun,
 }
@@ -153,6 +159,7 @@ impl Default for Sandbox {
             max_instances: DEFAULT_MAX_INSTANCES,
             dumps: None,
             debug: None,
+            debug_engine: false,
             live: Default::default(),
         }
     }
@@ -398,6 +405,23 @@ pub fn new_engine(memory_bytes: usize) -> wasmtime::Result<Engine> {
 /// reserved up front (a memory slot takes 4 GiB of it, mostly unmapped);
 /// only what instances touch is resident.
 pub fn pooled_engine(shape: &PoolShape) -> wasmtime::Result<Engine> {
+    pooled(shape, false)
+}
+
+/// [`pooled_engine`] with guest-debug instrumentation, for the debug
+/// engine of `run --debug` ([`crate::debug::engine`]): every Wasm
+/// instruction can take a breakpoint, every frame's locals can be read, and
+/// traps stop before they unwind. It compiles about 3 times slower and runs
+/// 4 to 6 times slower, so that it is a second engine, never the one a
+/// normal run uses; its compiled forms are cached apart (the compatibility
+/// hash covers the setting).
+pub fn pooled_debug_engine(shape: &PoolShape) -> wasmtime::Result<Engine> {
+    let engine = pooled(shape, true)?;
+    crate::debug::engine::remember(&engine);
+    Ok(engine)
+}
+
+fn pooled(shape: &PoolShape, guest_debug: bool) -> wasmtime::Result<Engine> {
     let n = shape.instances;
     let mut pool = PoolingAllocationConfig::new();
     pool.total_component_instances(n)
@@ -417,6 +441,9 @@ pub fn pooled_engine(shape: &PoolShape) -> wasmtime::Result<Engine> {
     // are kept in the compiled form (part of the compile cache key).
     config.coredump_on_trap(true);
     config.wasm_backtrace_details(wasmtime::WasmBacktraceDetails::Enable);
+    if guest_debug {
+        config.guest_debug(true);
+    }
     let engine = Engine::new(&config)?;
     let mut pools = POOLS.lock().unwrap_or_else(|p| p.into_inner());
     pools.retain(|(weak, _)| weak.upgrade().is_some());

@@ -1293,6 +1293,7 @@ impl HostState {
             max_instances: self.cluster.sandbox.max_instances,
             dumps: self.cluster.sandbox.dumps.clone(),
             debug: self.cluster.sandbox.debug.clone(),
+            debug_engine: self.cluster.sandbox.debug_engine,
         };
         let dims: Vec<(String, u32)> = extent.iter().map(|d| (d.name.clone(), d.size)).collect();
         let timeout = self

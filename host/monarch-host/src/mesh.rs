@@ -212,6 +212,9 @@ pub struct WasmSpawnParams {
     /// How the actor reaches the run's debugger at a breakpoint.
     #[serde(default)]
     pub debug: Option<crate::debug::pause::DebugConfig>,
+    /// Whether the actor runs on the debug engine (`run --debug`).
+    #[serde(default)]
+    pub debug_engine: bool,
 }
 
 fn default_max_instances() -> u32 {

@@ -91,7 +91,13 @@ pub async fn run_program_with(
         sandbox.max_instances,
         sandbox.memory_bytes,
     );
-    let engine = engine::pooled_engine(&shape).map_err(|e| RunError::Host(format!("{e:#}")))?;
+    // Under `--debug` a second, instrumented engine, used only for this
+    // run (DE-1 of `debug::engine`).
+    let engine = match sandbox.debug_engine {
+        false => engine::pooled_engine(&shape),
+        true => engine::pooled_debug_engine(&shape),
+    }
+    .map_err(|e| RunError::Host(format!("{e:#}")))?;
     engine::start_epoch_ticker(&engine);
     let mut prepared = Prepared::new(&engine, path, bytes)?;
     for (name, library) in libraries {
@@ -314,6 +320,7 @@ impl Prepared {
         ));
         state.debug.whoami.mesh = "controller".into();
         let mut store = new_store(&cluster, state);
+        let debugger = crate::debug::engine::attach(&mut store, &cluster).await;
         let run = tokio::time::timeout(deadline, async {
             let trapped = |e: wasmtime::Error| match e.downcast_ref::<wasmtime_wasi::I32Exit>() {
                 Some(exit) => RunError::Exit(exit.0),
@@ -323,6 +330,9 @@ impl Prepared {
                 Entry::Program(pre) => {
                     let program: Program =
                         pre.instantiate_async(&mut store).await.map_err(trapped)?;
+                    if let Some(debugger) = &debugger {
+                        debugger.begin_export(&mut store);
+                    }
                     program.call_run(&mut store, args).await.map_err(trapped)?
                 }
                 Entry::Controller(pre) => {
@@ -333,6 +343,9 @@ impl Prepared {
                             path: "the component".into(),
                             reason: format!("its `run` is not `func(args: list<string>) -> result<_, string>`: {e:#}"),
                         })?;
+                    if let Some(debugger) = &debugger {
+                        debugger.begin_export(&mut store);
+                    }
                     let (result,) = run
                         .call_async(&mut store, (args.to_vec(),))
                         .await

@@ -57,6 +57,8 @@ pub struct WasmActor {
     /// Its place in the engine's pool, taken when it was spawned and handed
     /// to its instance's store in `init`.
     slot: Option<engine::Slot>,
+    /// Its instance's debugger, on the debug engine (`run --debug`).
+    debugger: Option<crate::debug::engine::Debugger>,
 }
 
 impl Drop for WasmActor {
@@ -194,6 +196,7 @@ impl Actor for WasmActor {
                 .push(watcher);
         }));
         let mut store = new_store(&self.cluster, state);
+        self.debugger = crate::debug::engine::attach(&mut store, &self.cluster).await;
         let pre = self
             .cluster
             .pre
@@ -210,6 +213,9 @@ impl Actor for WasmActor {
                 ),
                 None => anyhow!("instantiating the program: {}", trap_text(&e)),
             })?;
+        if let Some(debugger) = &self.debugger {
+            debugger.begin_export(&mut store);
+        }
         let create = program.monarch_host_actor_class().call_create(
             &mut store,
             &self.class,
@@ -222,8 +228,15 @@ impl Actor for WasmActor {
             Ended::Trapped(trap) => {
                 tracing::info!(actor = %cx.actor_id(), "trap in create: {}", trap_text(&trap));
                 let mut fault = trap_fault(&trap, "create", store.data().limits.out_of_memory());
-                post_mortem(&self.cluster, &self.mesh, self.rank, &mut store, &trap, &mut fault)
-                    .await;
+                post_mortem(
+                    &self.cluster,
+                    &self.mesh,
+                    self.rank,
+                    &mut store,
+                    &trap,
+                    &mut fault,
+                )
+                .await;
                 return Err(anyhow!("`create` trapped: {}", fault.message));
             }
             Ended::Deadline(after) => {
@@ -255,6 +268,9 @@ impl Handler<MeshCall> for WasmActor {
             ms => Some(Duration::from_millis(ms)),
         };
         store.data_mut().limits.clear();
+        if let Some(debugger) = &self.debugger {
+            debugger.begin_export(store);
+        }
         let in_endpoint = store.data().probe.as_ref().map(|p| p.enter(&call.endpoint));
         let handle = program.monarch_host_actor_class().call_handle(
             &mut *store,
@@ -297,7 +313,15 @@ impl Handler<MeshCall> for WasmActor {
             Ended::Trapped(trap) => {
                 tracing::info!(actor = %cx.actor_id(), endpoint, "trap: {}", trap_text(&trap));
                 let mut fault = trap_fault(&trap, endpoint, store.data().limits.out_of_memory());
-                post_mortem(&self.cluster, &self.mesh, self.rank, store, &trap, &mut fault).await;
+                post_mortem(
+                    &self.cluster,
+                    &self.mesh,
+                    self.rank,
+                    store,
+                    &trap,
+                    &mut fault,
+                )
+                .await;
                 self.instance = None;
                 Err(anyhow!(fault.encode()))
             }
@@ -349,17 +373,32 @@ impl WasmActor {
                 return Ok(());
             };
             store.data_mut().limits.clear();
+            if let Some(debugger) = &self.debugger {
+                debugger.begin_export(store);
+            }
             let supervise = program
                 .monarch_host_actor_class()
                 .call_supervise(&mut *store, &failure);
-            let why = match race(supervise, self.handler_timeout, &self.interrupt, &self.paused).await {
+            let ended = race(supervise, self.handler_timeout, &self.interrupt, &self.paused).await;
+            if self.debugger.is_some() {
+                // A stop of the debug engine ends with the export.
+                store.data_mut().debug.close();
+            }
+            let why = match ended {
                 Ended::Returned(true) => continue,
                 Ended::Returned(false) => "its `supervise` did not handle it".to_string(),
                 Ended::Trapped(trap) => {
                     let out_of_memory = store.data().limits.out_of_memory();
                     let mut fault = trap_fault(&trap, "supervise", out_of_memory);
-                    post_mortem(&self.cluster, &self.mesh, self.rank, store, &trap, &mut fault)
-                        .await;
+                    post_mortem(
+                        &self.cluster,
+                        &self.mesh,
+                        self.rank,
+                        store,
+                        &trap,
+                        &mut fault,
+                    )
+                    .await;
                     format!("its `supervise` trapped: {}", fault.message)
                 }
                 Ended::Deadline(after) => format!(
@@ -514,7 +553,11 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
             program: cluster.program.clone(),
         };
         let cell = OnceCell::new_with(Some(Arc::new(compiled)));
-        let key = program_key(&cluster.program.sha256, cluster.sandbox.max_instances);
+        let key = program_key(
+            &cluster.program.sha256,
+            cluster.sandbox.max_instances,
+            cluster.sandbox.debug_engine,
+        );
         programs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -533,7 +576,11 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
                 let cell = programs
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .entry(program_key(&params.sha256, params.max_instances))
+                    .entry(program_key(
+                        &params.sha256,
+                        params.max_instances,
+                        params.debug_engine,
+                    ))
                     .or_default()
                     .clone();
                 let compiled = cell
@@ -583,6 +630,7 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
                     max_instances: params.max_instances,
                     dumps: params.dumps,
                     debug: params.debug,
+                    debug_engine: params.debug_engine,
                     live: Default::default(),
                 };
                 let cluster = Cluster::for_actor(
@@ -612,6 +660,7 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
                     paused: Arc::default(),
                     watchers: Arc::default(),
                     slot,
+                    debugger: None,
                 };
                 let interrupt = actor.interrupt.clone();
                 let spawned = SpawnedActor::start(&args, actor).await?;
@@ -630,7 +679,7 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
     if !compiled_here {
         registry.on_blob(Arc::new(|path| {
             let footprint = engine::inspect_file(path).map_err(|e| e.to_string())?;
-            let engine = worker_engine(&footprint.needs, engine::DEFAULT_MAX_INSTANCES)?;
+            let engine = worker_engine(&footprint.needs, engine::DEFAULT_MAX_INSTANCES, false)?;
             engine::load(&engine, path)
                 .map(|_| ())
                 .map_err(|e| e.to_string())
@@ -639,10 +688,14 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
     registry
 }
 
-/// The key of a program compiled in this process: its sha256, and the
-/// size of the pool its instances come from.
-fn program_key(sha256: &str, max_instances: u32) -> String {
-    format!("{sha256}/{max_instances}")
+/// The key of a program compiled in this process: its sha256, the size
+/// of the pool its instances come from, and whether it is compiled for the
+/// debug engine.
+fn program_key(sha256: &str, max_instances: u32, debug_engine: bool) -> String {
+    match debug_engine {
+        false => format!("{sha256}/{max_instances}"),
+        true => format!("{sha256}/{max_instances}/debug"),
+    }
 }
 
 /// The most linear memory an engine for programs this process did not
@@ -655,20 +708,30 @@ const WORKER_MEMORY: usize = 4 << 30;
 /// This process's engine for instances of programs that need `needs`, in a
 /// pool of `instances`: one engine per pool shape, made on first use and
 /// kept (programs of one kind share a shape; see [`engine::PoolShape`]).
-fn worker_engine(needs: &engine::Needs, instances: u32) -> Result<wasmtime::Engine, String> {
-    type Engines = Mutex<HashMap<engine::PoolShape, wasmtime::Engine>>;
+/// With `debug_engine`, a debug engine ([`engine::pooled_debug_engine`]),
+/// kept apart from the normal ones.
+fn worker_engine(
+    needs: &engine::Needs,
+    instances: u32,
+    debug_engine: bool,
+) -> Result<wasmtime::Engine, String> {
+    type Engines = Mutex<HashMap<(engine::PoolShape, bool), wasmtime::Engine>>;
     static ENGINES: OnceLock<Engines> = OnceLock::new();
     let shape = engine::PoolShape::for_program(needs, instances, WORKER_MEMORY);
     let mut engines = ENGINES
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|p| p.into_inner());
-    if let Some(engine) = engines.get(&shape) {
+    if let Some(engine) = engines.get(&(shape, debug_engine)) {
         return Ok(engine.clone());
     }
-    let engine = engine::pooled_engine(&shape).map_err(|e| format!("{e:#}"))?;
+    let engine = match debug_engine {
+        false => engine::pooled_engine(&shape),
+        true => engine::pooled_debug_engine(&shape),
+    }
+    .map_err(|e| format!("{e:#}"))?;
     engine::start_epoch_ticker(&engine);
-    engines.insert(shape, engine.clone());
+    engines.insert((shape, debug_engine), engine.clone());
     Ok(engine)
 }
 
@@ -677,11 +740,12 @@ fn worker_engine(needs: &engine::Needs, instances: u32) -> Result<wasmtime::Engi
 async fn load_program(args: &SpawnArgs, params: &WasmSpawnParams) -> Result<Arc<Compiled>, String> {
     let path = blob_path(&args.blob_dir, &params.sha256)?;
     let instances = params.max_instances;
+    let debug_engine = params.debug_engine;
     let (engine, pre, needs) = {
         let path = path.clone();
         tokio::task::spawn_blocking(move || {
             let footprint = engine::inspect_file(&path).map_err(|e| e.to_string())?;
-            let engine = worker_engine(&footprint.needs, instances)?;
+            let engine = worker_engine(&footprint.needs, instances, debug_engine)?;
             let loaded = engine::load(&engine, &path).map_err(|e| e.to_string())?;
             let linker = linker(&engine).map_err(|e| format!("{e:#}"))?;
             let pre = linker

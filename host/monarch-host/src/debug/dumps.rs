@@ -57,19 +57,66 @@ pub struct DumpConfig {
 /// The memory a core dump holds at most unless configured otherwise.
 pub const DEFAULT_MAX_MEMORY: u64 = 64 << 20;
 
+/// The most bytes of core dumps one run's directory takes on one host;
+/// past it, records are written without core dumps (and say so), so that
+/// a mesh whose every actor traps does not fill the disk.
+pub const MAX_RUN_COREDUMP_BYTES: u64 = 256 << 20;
+
+/// How many runs from the command line keep their records: starting a
+/// run removes the records of older ones.
+pub const KEEP_LOCAL_RUNS: usize = 20;
+
 /// The dump configuration of a run started from the command line: a new
 /// directory `<cache>/dumps/<RUN>`, where RUN is the start time (UTC) and
 /// this process's id, e.g. `20261202-121501-4242`, so that runs sort by
-/// when they started.
+/// when they started. The directory is made at the first trap; the
+/// records of all but the newest [`KEEP_LOCAL_RUNS`] earlier runs are
+/// removed now.
 pub fn for_local_run() -> Option<DumpConfig> {
     let now = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default();
     let run = format!("{}-{}", compact_utc(now.as_secs()), std::process::id());
+    let root = local_root();
+    prune_local_runs(&root, KEEP_LOCAL_RUNS);
     Some(DumpConfig {
-        dir: local_root().join(run),
+        dir: root.join(run),
         max_memory: DEFAULT_MAX_MEMORY,
     })
+}
+
+/// Removes the directories of local runs (named as [`for_local_run`] names
+/// them; nothing else) under `root` but the newest `keep`.
+fn prune_local_runs(root: &Path, keep: usize) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    let mut runs: Vec<String> = entries
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| is_local_run_id(name))
+        .collect();
+    runs.sort_by(|a, b| newest_first(a, b));
+    for old in runs.iter().skip(keep) {
+        if let Err(e) = std::fs::remove_dir_all(root.join(old)) {
+            tracing::warn!(run = %old, "cannot remove old post-mortem records: {e}");
+        }
+    }
+}
+
+/// Whether `name` is a run id of [`for_local_run`]'s:
+/// `YYYYMMDD-HHMMSS-PID`.
+fn is_local_run_id(name: &str) -> bool {
+    let parts: Vec<&str> = name.split('-').collect();
+    let digits = |part: &str, len: Option<usize>| {
+        !part.is_empty()
+            && part.bytes().all(|b| b.is_ascii_digit())
+            && len.is_none_or(|len| part.len() == len)
+    };
+    parts.len() == 3
+        && digits(parts[0], Some(8))
+        && digits(parts[1], Some(6))
+        && digits(parts[2], None)
 }
 
 /// The dump configuration of job `job` of a server whose data directory
@@ -226,6 +273,13 @@ pub(crate) fn prepare(
                 mib(config.max_memory)
             )),
         ),
+        Some(_) if coredump_bytes_in(&config.dir) + memory_bytes > MAX_RUN_COREDUMP_BYTES => (
+            None,
+            Some(format!(
+                "the run's core dumps on this host would take more than {}",
+                mib(MAX_RUN_COREDUMP_BYTES)
+            )),
+        ),
         Some(dump) => {
             let name = format!("{}[{}]", who.mesh, who.rank);
             (Some(dump.serialize(&mut store, &name)), None)
@@ -270,8 +324,7 @@ impl Prepared {
     /// Writes the record (and its core dump) into `dir`, made if missing;
     /// returns the record's path.
     pub(crate) fn write(mut self, dir: &Path) -> Result<PathBuf, String> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
         let stem = claim(dir, &self.stem)?;
         let path = dir.join(format!("{stem}.json"));
         let written = (|| {
@@ -294,6 +347,19 @@ impl Prepared {
         }
         written.map(|()| path)
     }
+}
+
+/// The bytes of the core dumps in `dir`.
+fn coredump_bytes_in(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().ends_with(".coredump"))
+        .filter_map(|entry| entry.metadata().ok())
+        .map(|meta| meta.len())
+        .sum()
 }
 
 /// Takes the first free name `stem`, `stem.2`, ... in `dir` by making its
@@ -471,8 +537,9 @@ fn clean_name(name: &str) -> String {
     while let Some(open) = rest.find('[') {
         let after = &rest[open + 1..];
         let close = after.find(']');
-        let is_hash = close
-            .is_some_and(|close| close > 0 && after[..close].bytes().all(|b| b.is_ascii_hexdigit()));
+        let is_hash = close.is_some_and(|close| {
+            close > 0 && after[..close].bytes().all(|b| b.is_ascii_hexdigit())
+        });
         match (close, is_hash) {
             (Some(close), true) => {
                 clean.push_str(&rest[..open]);
@@ -514,9 +581,8 @@ fn utc(secs: u64) -> (i64, u32, u32, u32, u32, u32) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let day_of_era = z.rem_euclid(146_097);
-    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524
-        - day_of_era / 146_096)
-        / 365;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
     let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
     let mp = (5 * day_of_year + 2) / 153;
     let day = (day_of_year - (153 * mp + 2) / 5 + 1) as u32;
@@ -844,18 +910,19 @@ fn readable(dir: &Path, dump: &Dump, all: bool) -> String {
     let _ = writeln!(out, "  when:     {} on {} (pid {})", r.time, r.host, r.pid);
     let _ = writeln!(out, "  program:  sha256 {}", r.program);
     let _ = writeln!(out, "  record:   {}", dir.join(&dump.file).display());
-    let folded = r.frames.iter().filter(|f| f.folded).count();
-    let mut heading = String::from("backtrace, innermost first");
-    if folded > 0 && !all {
-        let _ = write!(
-            heading,
-            " ({folded} frames of the standard library, panic machinery and WASI adapters folded; --all shows them)"
-        );
-    }
-    let _ = writeln!(out, "{heading}:");
+    let _ = writeln!(out, "backtrace, innermost first:");
     if r.frames.is_empty() {
         let _ = writeln!(out, "  (no frames)");
     }
+    let folded_run = |out: &mut String, hidden: usize| {
+        let _ = match hidden {
+            1 => writeln!(out, "  ... 1 frame of machinery folded (--all shows it)"),
+            n => writeln!(
+                out,
+                "  ... {n} frames of machinery (the standard library, panics, WASI) folded (--all shows them)"
+            ),
+        };
+    };
     let mut hidden = 0;
     for frame in &r.frames {
         if frame.folded && !all {
@@ -863,7 +930,7 @@ fn readable(dir: &Path, dump: &Dump, all: bool) -> String {
             continue;
         }
         if hidden > 0 {
-            let _ = writeln!(out, "  ... {hidden} folded");
+            folded_run(&mut out, hidden);
             hidden = 0;
         }
         let location = match (&frame.file, frame.line, &frame.module) {
@@ -876,7 +943,7 @@ fn readable(dir: &Path, dump: &Dump, all: bool) -> String {
         let _ = writeln!(out, "  {} ({location}){mark}", frame.function);
     }
     if hidden > 0 {
-        let _ = writeln!(out, "  ... {hidden} folded");
+        folded_run(&mut out, hidden);
     }
     match (&r.coredump, &r.coredump_omitted) {
         (Some(name), _) => {
@@ -911,12 +978,48 @@ mod tests {
     }
 
     #[test]
+    fn only_the_newest_local_runs_keep_their_records() {
+        let root = scratch("prune");
+        let names = [
+            "20251202-121501-7",
+            "20251202-121502-1",
+            "20261202-090000-3",
+            "20261202-090000-4",
+            "7",
+            "notes",
+        ];
+        for name in names {
+            std::fs::create_dir_all(root.join(name)).unwrap();
+        }
+        prune_local_runs(&root, 2);
+        let mut left: Vec<String> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        // Job directories and anything else are not a local run's.
+        assert_eq!(
+            left,
+            ["20261202-090000-3", "20261202-090000-4", "7", "notes"]
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
     fn runs_sort_newest_first_by_time_or_job_number() {
-        let mut names = vec!["20251202-121501-7", "20261202-090000-3", "20251202-121502-1"];
+        let mut names = vec![
+            "20251202-121501-7",
+            "20261202-090000-3",
+            "20251202-121502-1",
+        ];
         names.sort_by(|a, b| newest_first(a, b));
         assert_eq!(
             names,
-            ["20261202-090000-3", "20251202-121502-1", "20251202-121501-7"]
+            [
+                "20261202-090000-3",
+                "20251202-121502-1",
+                "20251202-121501-7"
+            ]
         );
         let mut jobs = vec!["9", "10", "2"];
         jobs.sort_by(|a, b| newest_first(a, b));
@@ -982,7 +1085,13 @@ mod tests {
         assert_eq!(file_stem("", 2), "_-2");
         assert!(is_dump_file_name("workers-3.json"));
         assert!(is_dump_file_name("workers-3.2.coredump"));
-        for bad in ["../x.json", ".workers-3.json", "a/b.json", "workers-3.txt", ""] {
+        for bad in [
+            "../x.json",
+            ".workers-3.json",
+            "a/b.json",
+            "workers-3.txt",
+            "",
+        ] {
             assert!(!is_dump_file_name(bad), "{bad}");
         }
     }
@@ -1002,14 +1111,14 @@ mod tests {
         wasm.extend(section(7, &[1, 5, b'c', b'r', b'a', b's', b'h', 0, 0]));
         wasm.extend(section(10, &[1, 3, 0, 0x00, 0x0b])); // unreachable
         wasm.extend(section(11, &[1, 0, 0x41, 0, 0x0b, 1, 42])); // data: [42] at 0
-        let name = b"crash_here";
-        let mut names = vec![1, 0, name.len() as u8];
-        names.extend_from_slice(name);
+        // The name section: the module's name, then function 0's.
         let mut custom = vec![4];
         custom.extend_from_slice(b"name");
-        custom.push(1);
-        custom.push(names.len() as u8);
-        custom.extend(names);
+        custom.extend_from_slice(&[0, 9, 8]);
+        custom.extend_from_slice(b"crashing");
+        let name = b"crash_here";
+        custom.extend_from_slice(&[1, 3 + name.len() as u8, 1, 0, name.len() as u8]);
+        custom.extend_from_slice(name);
         wasm.extend(section(0, &custom));
         wasm
     }
@@ -1018,9 +1127,12 @@ mod tests {
     /// the store and the error.
     fn trap() -> (wasmtime::Store<()>, wasmtime::Error) {
         let shape = crate::engine::PoolShape::any_program(4, 64 << 20);
-        let engine = crate::engine::pooled_engine(&shape).unwrap();
-        let module = wasmtime::Module::new(&engine, crashing_module()).unwrap();
-        let mut store = wasmtime::Store::new(&engine, ());
+        trap_in(&crate::engine::pooled_engine(&shape).unwrap())
+    }
+
+    fn trap_in(engine: &wasmtime::Engine) -> (wasmtime::Store<()>, wasmtime::Error) {
+        let module = wasmtime::Module::new(engine, crashing_module()).unwrap();
+        let mut store = wasmtime::Store::new(engine, ());
         store.set_epoch_deadline(1 << 40);
         let instance = wasmtime::Instance::new(&mut store, &module, &[]).unwrap();
         let crash = instance
@@ -1031,10 +1143,7 @@ mod tests {
     }
 
     fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!(
-            "monarch-dumps-{name}-{}",
-            std::process::id()
-        ));
+        let dir = std::env::temp_dir().join(format!("monarch-dumps-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         dir
     }
@@ -1069,6 +1178,7 @@ mod tests {
         assert!(record.reason.contains("unreachable"), "{}", record.reason);
         assert_eq!(record.memory_bytes, 65_536);
         assert_eq!(record.frames[0].function, "crash_here");
+        assert_eq!(record.frames[0].module.as_deref(), Some("crashing"));
         assert!(!record.frames[0].folded);
         // The core dump is a Wasm module with the `core` section first,
         // and holds the memory's byte.
@@ -1085,7 +1195,7 @@ mod tests {
         assert_eq!(runs.len(), 1);
         assert_eq!(runs[0].dumps.len(), 2);
         let shown = show(&root, "latest", "workers", 3, false, false).unwrap();
-        assert!(shown.contains("crash_here (in "), "{shown}");
+        assert!(shown.contains("crash_here (in crashing)"), "{shown}");
         let missing = show(&root, "latest", "workers", 4, false, false).unwrap_err();
         assert!(missing.contains("no record of workers[4]"), "{missing}");
         assert!(missing.contains("workers 3"), "{missing}");
@@ -1115,10 +1225,7 @@ mod tests {
         let record = &dumps[0].record;
         assert_eq!(record.coredump, None);
         let why = record.coredump_omitted.as_deref().unwrap_or_default();
-        assert!(
-            why.contains("larger than the core dump limit"),
-            "{why}"
-        );
+        assert!(why.contains("larger than the core dump limit"), "{why}");
         assert!(!config.dir.join("big-0.coredump").exists());
         std::fs::remove_dir_all(&root).unwrap();
     }
@@ -1136,5 +1243,10 @@ mod tests {
         assert!(!fault.message.contains("coredump"), "{}", fault.message);
         let backtrace = fault.backtrace.unwrap_or_default();
         assert!(!backtrace.contains("coredump"), "{backtrace}");
+        // Without a core dump it is the error's `{:?}`, as logs and
+        // messages showed traps before.
+        let (_store, plain) = trap_in(&wasmtime::Engine::default());
+        assert!(plain.downcast_ref::<WasmCoreDump>().is_none());
+        assert_eq!(crate::wasm_actor::trap_text(&plain), format!("{plain:?}"));
     }
 }

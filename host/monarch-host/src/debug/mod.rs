@@ -1,13 +1,16 @@
 //! Debugging across ranks: post-mortem dumps of trapped actors
 //! ([`dumps`]), breakpoints that pause an actor for a debugger
-//! ([`pause`], [`hub`], [`select`], [`client`]), and the stacks of running
-//! actors, sampled without stopping them ([`stacks`]).
+//! ([`pause`], [`hub`], [`select`], [`client`]), the debug engine of
+//! `run --debug`, which stops compiled guests by source line, at traps and
+//! when interrupted ([`engine`]), and the stacks of running actors, sampled
+//! without stopping them ([`stacks`]).
 //!
 //! A run that can be debugged writes a record of itself ([`runs`]) that
 //! `monarch-host debug` and `monarch-host stacks` find it by.
 
 pub mod client;
 pub mod dumps;
+pub mod engine;
 pub mod hub;
 pub mod pause;
 pub mod runs;

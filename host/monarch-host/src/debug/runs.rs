@@ -19,6 +19,12 @@ pub struct Debugging {
     pub listen: Option<String>,
     /// `--debug-pause-limit`.
     pub pause_limit: Duration,
+    /// `--debug`: the program runs on the debug engine
+    /// ([`super::engine`]); the hub listens on `listen`, or on
+    /// `127.0.0.1:0` when none is given.
+    pub engine: bool,
+    /// `--break`: where every actor of the run stops, from its start.
+    pub breaks: Vec<String>,
 }
 
 /// What a live run says of itself.
@@ -143,15 +149,23 @@ pub async fn run_local(
         let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
     }
     let control = dir.join(format!("{id}.sock"));
+    let listen = match (&debugging.listen, debugging.engine) {
+        (None, true) => Some("127.0.0.1:0".to_string()),
+        (listen, _) => listen.clone(),
+    };
     let hub = Hub::start(
         token.clone(),
         &control,
-        debugging.listen.as_deref(),
+        listen.as_deref(),
         debugging.pause_limit,
         sandbox.live.clone(),
     )
     .await
     .map_err(RunError::Host)?;
+    sandbox.debug_engine = debugging.engine;
+    hub.engine
+        .add_breakpoints(&debugging.breaks)
+        .map_err(|e| RunError::Host(format!("--break {e}")))?;
     let debug_addr = hub.tcp.map(|addr| addr.to_string());
     if let Some(addr) = &debug_addr {
         sandbox.debug = Some(DebugConfig {
@@ -159,8 +173,12 @@ pub async fn run_local(
             token: token.clone(),
             pause_limit_ms: u64::try_from(debugging.pause_limit.as_millis()).unwrap_or(u64::MAX),
         });
+        let engine = match debugging.engine {
+            true => " (debug engine)",
+            false => "",
+        };
         eprintln!(
-            "monarch-host: breakpoints are on; debug with `monarch-host debug` (hub at {addr}, run {id})"
+            "monarch-host: breakpoints are on{engine}; debug with `monarch-host debug` (hub at {addr}, run {id})"
         );
     }
     let record = RunRecord {

@@ -215,6 +215,14 @@ pub enum Command {
         /// The line each gets.
         line: String,
     },
+    /// `interrupt MESH [ranks(SEL)]`: the selected ranks running on the
+    /// debug engine (`run --debug`) stop at their next epoch tick.
+    Interrupt {
+        /// The actor mesh.
+        mesh: String,
+        /// The ranks (all when left out).
+        selection: Selection,
+    },
     /// `continue` (or `c`).
     Continue,
     /// `quit` (or `q`, `exit`).
@@ -271,6 +279,29 @@ impl Command {
                     mesh: mesh.to_string(),
                     selection,
                     line: line.to_string(),
+                })
+            }
+            "interrupt" => {
+                let usage = "usage: interrupt MESH [ranks(SEL)] (e.g. interrupt trainers ranks(0))";
+                let (mesh, rest) = rest
+                    .split_once(char::is_whitespace)
+                    .map_or((rest, ""), |(m, r)| (m, r.trim()));
+                if mesh.is_empty() {
+                    return Err(usage.into());
+                }
+                let selection = match rest {
+                    "" => Selection::Ranks(vec![Range::All]),
+                    rest => {
+                        let inside = rest.strip_prefix("ranks(").ok_or(usage)?;
+                        let inside = inside
+                            .strip_suffix(')')
+                            .ok_or("`ranks(` is not closed with `)`, or something follows it")?;
+                        Selection::parse(inside)?
+                    }
+                };
+                Ok(Command::Interrupt {
+                    mesh: mesh.to_string(),
+                    selection,
                 })
             }
             other => Err(format!("unknown command `{other}`; try `help`")),
@@ -370,6 +401,41 @@ mod tests {
             ("cast w ranks(0,3)", "no CMD"),
             ("list now", "takes nothing"),
             ("frobnicate", "unknown command"),
+        ] {
+            let err = Command::parse(bad).unwrap_err();
+            assert!(err.contains(says), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn interrupt_takes_a_mesh_and_an_optional_selection() {
+        assert_eq!(
+            Command::parse("interrupt stepper ranks(0)").unwrap(),
+            Command::Interrupt {
+                mesh: "stepper".into(),
+                selection: Selection::parse("0").unwrap(),
+            }
+        );
+        assert_eq!(
+            Command::parse("interrupt w-2  ranks(hosts=1, gpus=0:2)").unwrap(),
+            Command::Interrupt {
+                mesh: "w-2".into(),
+                selection: Selection::parse("hosts=1, gpus=0:2").unwrap(),
+            }
+        );
+        assert_eq!(
+            Command::parse("interrupt stepper").unwrap(),
+            Command::Interrupt {
+                mesh: "stepper".into(),
+                selection: Selection::Ranks(vec![Range::All]),
+            }
+        );
+        for (bad, says) in [
+            ("interrupt", "usage: interrupt"),
+            ("interrupt w 0", "usage: interrupt"),
+            ("interrupt w ranks(0", "not closed"),
+            ("interrupt w ranks(0) c", "not closed"),
+            ("interrupt w ranks(x)", "not a rank"),
         ] {
             let err = Command::parse(bad).unwrap_err();
             assert!(err.contains(says), "{bad:?}: {err}");

@@ -53,6 +53,10 @@ use crate::host::Cluster;
 /// before it is reported as waiting in the host (ST-3).
 pub const SAMPLE_WAIT: Duration = EPOCH_TICK.saturating_mul(3);
 
+/// How long the frames of a sampled stack may take to be named (wasmtime
+/// reads the program's DWARF for each), once the instance has ticked.
+const NAMING_WAIT: Duration = Duration::from_millis(500);
+
 /// How long a proc has to answer a probe (ST-3).
 pub const PROC_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -91,8 +95,12 @@ struct Busy {
 }
 
 struct Sample {
+    /// The tick the stack is of.
     at: Instant,
-    frames: Vec<Frame>,
+    /// Its frames, once named; None while the callback names them.
+    frames: Option<Vec<Frame>>,
+    /// How long the guest was held to capture and name them.
+    held: Duration,
 }
 
 impl std::fmt::Debug for Probe {
@@ -187,21 +195,33 @@ impl Probe {
         if !self.wanted.swap(false, Ordering::Relaxed) {
             return;
         }
+        // The stack is the one at this tick. Naming its frames (wasmtime
+        // reads the program's DWARF for each) takes longer: whoever waits
+        // hears of the tick first, and then of the frames.
+        let at = Instant::now();
+        *lock(&self.sample) = Some(Sample {
+            at,
+            frames: None,
+            held: Duration::ZERO,
+        });
+        self.sampled.notify_waiters();
         let trace = wasmtime::WasmBacktrace::force_capture(store);
         let frames = frames_of(&trace);
         *lock(&self.sample) = Some(Sample {
-            at: Instant::now(),
-            frames,
+            at,
+            frames: Some(frames),
+            held: at.elapsed(),
         });
         self.sampled.notify_waiters();
     }
 
-    /// The frames of a sample taken at or after `since`, and when.
-    fn sample_since(&self, since: Instant) -> Option<(Instant, Vec<Frame>)> {
+    /// A sample taken at or after `since`: when, its frames once named,
+    /// and how long naming them held the guest.
+    fn sample_since(&self, since: Instant) -> Option<(Instant, Option<Vec<Frame>>, Duration)> {
         lock(&self.sample)
             .as_ref()
             .filter(|sample| sample.at >= since)
-            .map(|sample| (sample.at, sample.frames.clone()))
+            .map(|sample| (sample.at, sample.frames.clone(), sample.held))
     }
 
     /// What the instance is doing now: idle at once; in an endpoint, with
@@ -217,6 +237,7 @@ impl Probe {
             endpoint: None,
             for_s: None,
             sampled_after_ms: None,
+            held_ms: None,
             frames: Vec::new(),
             proc: self.proc.to_string(),
             proc_index: None,
@@ -228,14 +249,18 @@ impl Probe {
             return stack;
         };
         self.wanted.store(true, Ordering::Relaxed);
-        let until = tokio::time::Instant::from_std(requested + SAMPLE_WAIT);
+        let mut until = requested + SAMPLE_WAIT;
         let sample = loop {
             let notified = self.sampled.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
-            if let Some(sample) = self.sample_since(requested) {
-                break Some(sample);
+            match self.sample_since(requested) {
+                Some(sample @ (_, Some(_), _)) => break Some(sample),
+                // It ticked: its frames are being named.
+                Some(_) => until = requested + NAMING_WAIT,
+                None => {}
             }
+            let until = tokio::time::Instant::from_std(until);
             if tokio::time::timeout_at(until, notified).await.is_err() {
                 break self.sample_since(requested);
             }
@@ -243,10 +268,11 @@ impl Probe {
         let now = lock(&self.busy).clone();
         let still = now.as_ref().is_some_and(|b| b.since == busy.since);
         match sample {
-            Some((at, frames)) => {
+            Some((at, frames, held)) => {
                 stack.state = ActorState::Running;
                 stack.sampled_after_ms = Some(millis(at.duration_since(requested)));
-                stack.frames = frames;
+                stack.held_ms = frames.is_some().then(|| millis(held));
+                stack.frames = frames.unwrap_or_default();
             }
             None if still => stack.state = ActorState::Waiting,
             // It finished the endpoint meanwhile.
@@ -324,8 +350,14 @@ fn frames_of(trace: &wasmtime::WasmBacktrace) -> Vec<Frame> {
     frames
 }
 
-/// A Rust symbol without its mangling and hash; other names as they are.
+/// A Rust symbol without its mangling, hash and LTO suffix (`.llvm.NNN`,
+/// or ` (.llvm.NNN)` where the linker demangled the name section); other
+/// names as they are.
 fn demangle(name: &str) -> String {
+    let name = name
+        .split_once(" (.llvm.")
+        .or_else(|| name.split_once(".llvm."))
+        .map_or(name, |(name, _)| name);
     format!("{:#}", rustc_demangle::demangle(name))
 }
 
@@ -355,8 +387,12 @@ pub struct ActorStack {
     pub endpoint: Option<String>,
     /// For how long, in seconds.
     pub for_s: Option<f64>,
-    /// How long after the request the sample was taken, in milliseconds.
+    /// How long after the request the stack was sampled (its next epoch
+    /// tick), in milliseconds.
     pub sampled_after_ms: Option<f64>,
+    /// How long the guest was held at that tick to capture the stack and
+    /// name its frames, in milliseconds.
+    pub held_ms: Option<f64>,
     /// Innermost first; empty unless running.
     pub frames: Vec<Frame>,
     /// Its proc's id.
@@ -605,24 +641,20 @@ pub fn command(args: StacksArgs) -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => return failed(format!("cannot start the runtime: {e}")),
     };
-    let stacks = runtime.block_on(fetch(&args));
-    let report = match stacks.and_then(|value| {
-        let report = serde_json::from_value::<Report>(value.clone())
-            .map_err(|e| format!("the run answered what this command cannot read: {e}"))?;
-        Ok((value, report))
-    }) {
+    let stacks = runtime.block_on(fetch(&args)).and_then(|value| {
+        serde_json::from_value::<Report>(value)
+            .map_err(|e| format!("the run answered what this command cannot read: {e}"))
+    });
+    let report = match stacks {
         Ok(report) => report,
         Err(e) => return failed(e),
     };
-    let (value, report) = report;
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&value).unwrap_or_default()
-        );
-    } else {
-        print!("{}", render(&report));
-    }
+    let text = match args.json {
+        true => serde_json::to_string_pretty(&report).unwrap_or_default() + "\n",
+        false => render(&report),
+    };
+    // A reader that stops early (`| head`) is no error.
+    let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes());
     match report.actors.iter().any(|a| a.stuck(args.stuck_after)) {
         true => ExitCode::from(1),
         false => ExitCode::SUCCESS,
@@ -660,8 +692,9 @@ async fn fetch(args: &StacksArgs) -> Result<Value, String> {
     client.stacks(job).await
 }
 
-/// The functions of Rust's standard library, folded in the text.
-fn is_std(frame: &Frame) -> bool {
+/// Whether `frame` is Rust's standard library (`core`, `std`, `alloc`),
+/// which the text folds.
+pub fn is_std(frame: &Frame) -> bool {
     let function = frame.function.trim_start_matches('<');
     ["core::", "std::", "alloc::"]
         .iter()
@@ -716,6 +749,15 @@ fn whereabouts(actor: &ActorStack) -> String {
     format!("{} ({})", actor.name(), place.join(", "))
 }
 
+/// The line that stands for `count` folded std/core frames.
+fn fold(out: &mut String, count: usize) {
+    match count {
+        0 => {}
+        1 => out.push_str("      ... 1 std/core frame\n"),
+        n => out.push_str(&format!("      ... {n} std/core frames\n")),
+    }
+}
+
 fn render_actor(out: &mut String, actor: &ActorStack) {
     use std::fmt::Write as _;
     let who = whereabouts(actor);
@@ -748,15 +790,10 @@ fn render_actor(out: &mut String, actor: &ActorStack) {
                     folded += 1;
                     continue;
                 }
-                if folded > 0 {
-                    let _ = writeln!(out, "      ... {folded} std/core frames");
-                    folded = 0;
-                }
+                fold(out, std::mem::take(&mut folded));
                 let _ = writeln!(out, "      {}", describe(frame));
             }
-            if folded > 0 {
-                let _ = writeln!(out, "      ... {folded} std/core frames");
-            }
+            fold(out, folded);
         }
     }
 }
@@ -818,6 +855,7 @@ mod tests {
             endpoint: for_s.map(|_| "spin".into()),
             for_s,
             sampled_after_ms: None,
+            held_ms: None,
             frames: Vec::new(),
             proc: "local:p,proc1".into(),
             proc_index: Some(1),
@@ -859,7 +897,7 @@ mod tests {
         assert_eq!(
             text,
             "workers[2] (host h, proc 1): in `spin` for 4.2 s at examples::spin (/nowhere/src/lib.rs:31)\n\
-             \x20     ... 1 std/core frames\n\
+             \x20     ... 1 std/core frame\n\
              \x20     examples::spin (/nowhere/src/lib.rs:31)\n\
              \x20     ... 2 std/core frames\n\
              \x20     examples::handle (/nowhere/src/lib.rs:12)\n\
@@ -888,6 +926,14 @@ mod tests {
         assert_eq!(
             demangle("_PyEval_EvalFrameDefault"),
             "_PyEval_EvalFrameDefault"
+        );
+        assert_eq!(
+            demangle("_ZN4spin12spin_forever17h0123456789abcdefE.llvm.7361082068688346257"),
+            "spin::spin_forever"
+        );
+        assert_eq!(
+            demangle("<a::B as c::D>::call (.llvm.7361082068688346257)"),
+            "<a::B as c::D>::call"
         );
     }
 }

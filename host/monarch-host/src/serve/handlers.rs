@@ -76,6 +76,8 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/v1/jobs", post(submit).get(list_jobs))
         .route("/v1/jobs/{id}", get(get_job).delete(cancel_job))
         .route("/v1/jobs/{id}/logs", get(job_logs))
+        .route("/v1/jobs/{id}/dumps", get(job_dumps))
+        .route("/v1/jobs/{id}/dumps/{file}", get(job_dump_file))
         .route("/v1/jobs/{id}/stacks", get(job_stacks))
         .route("/v1/meshes", post(create_mesh).get(list_meshes))
         .route("/v1/meshes/{name}", delete(delete_mesh))
@@ -100,6 +102,8 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         get_job,
         cancel_job,
         job_logs,
+        job_dumps,
+        job_dump_file,
         job_stacks,
         create_mesh,
         list_meshes,
@@ -714,6 +718,85 @@ async fn job_stacks(
         Some(error) => Err(fail(StatusCode::CONFLICT, format!("job {id}: {error}"))),
         None => Ok(axum::Json(stacks)),
     }
+}
+
+/// The post-mortem records of a job's trapped actors: who trapped, in
+/// which endpoint, why, the backtrace, and the core dump's file name.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}/dumps",
+    params(("id" = u64, Path)),
+    responses((status = 200, body = DumpList), (status = 404, body = ApiError))
+)]
+async fn job_dumps(With(state): With<Arc<State>>, Path(id): Path<String>) -> Answer<DumpList> {
+    let id = job_id(&id)?;
+    find_job(&state, id)?;
+    let dir = crate::debug::dumps::for_job(&state.config.data, id).dir;
+    let dumps = tokio::task::spawn_blocking(move || match dir.is_dir() {
+        true => crate::debug::dumps::read_dumps(&dir),
+        false => Ok(Vec::new()),
+    })
+    .await
+    .map_err(|e| internal(format!("reading the dumps failed: {e}")))?
+    .map_err(internal)?;
+    ok(StatusCode::OK, DumpList { job: id, dumps })
+}
+
+/// One file of a job's post-mortem records, by the name
+/// `GET /v1/jobs/{id}/dumps` gives: a record (`NAME.json`) or a core dump
+/// (`NAME.coredump`, a Wasm module for Wasm debuggers).
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}/dumps/{file}",
+    params(("id" = u64, Path), ("file" = String, Path)),
+    responses(
+        (status = 200, description = "The file", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 400, description = "Not the name of a dump file", body = ApiError),
+        (status = 404, body = ApiError)
+    )
+)]
+async fn job_dump_file(
+    With(state): With<Arc<State>>,
+    Path((id, file)): Path<(String, String)>,
+) -> Result<Response, Fail> {
+    let id = job_id(&id)?;
+    find_job(&state, id)?;
+    // A plain name in the job's directory: nothing that leads out of it.
+    if !crate::debug::dumps::is_dump_file_name(&file) {
+        return Err(fail(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "`{}` is not the name of a dump file (NAME.json or NAME.coredump)",
+                file.escape_debug()
+            ),
+        ));
+    }
+    let path = crate::debug::dumps::for_job(&state.config.data, id)
+        .dir
+        .join(&file);
+    let missing = || {
+        fail(
+            StatusCode::NOT_FOUND,
+            format!("job {id} has no dump file `{file}`"),
+        )
+    };
+    match tokio::fs::symlink_metadata(&path).await {
+        Ok(meta) if meta.is_file() => {}
+        _ => return Err(missing()),
+    }
+    let bytes = tokio::fs::read(&path).await.map_err(|_| missing())?;
+    let content_type = match file.ends_with(".json") {
+        true => "application/json",
+        false => "application/octet-stream",
+    };
+    let headers = [
+        (header::CONTENT_TYPE, content_type.to_string()),
+        (
+            header::CONTENT_DISPOSITION,
+            format!("attachment; filename=\"{file}\""),
+        ),
+    ];
+    Ok((headers, bytes).into_response())
 }
 
 /// Streams a job's log as Server-Sent Events.

@@ -282,6 +282,8 @@ async fn run(
         max_instances: crate::engine::DEFAULT_MAX_INSTANCES,
         dumps: Some(crate::debug::dumps::for_job(&state.config.data, id)),
         debug: None,
+        // A server's jobs run on the normal engine.
+        debug_engine: false,
         live: state
             .live()
             .get(&id)

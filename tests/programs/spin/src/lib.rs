@@ -11,6 +11,8 @@
 //!   SECONDS in the host before it returns: what `monarch-host stacks`
 //!   samples (tests/stacks.rs). This crate keeps its line tables (see
 //!   guest-sdk/Cargo.toml) so that the stack names the spinning line.
+//! - `spin nested SECONDS`: an `Owner` actor spawns procs of its own and a
+//!   `Spinner` on them, which spins; the controller waits SECONDS.
 
 use std::time::Duration;
 
@@ -55,6 +57,44 @@ fn spin_forever() -> ! {
     }
 }
 
+/// `grow`: the owner spawns a proc of its own and a spinning `Spinner`
+/// mesh `inner` on it.
+#[derive(Serialize, Deserialize)]
+struct Grow;
+
+impl Message for Grow {
+    const ENDPOINT: &'static str = "grow";
+    type Reply = ();
+}
+
+/// Owns a spinner on procs it spawned, kept as long as it lives.
+struct Owner {
+    inner: Option<(ProcMesh, ActorMesh<Spinner>)>,
+}
+
+impl Actor for Owner {
+    const CLASS: &'static str = "Owner";
+    type Init = ();
+
+    fn create((): (), _cx: &Context) -> Result<Self, String> {
+        Ok(Owner { inner: None })
+    }
+
+    fn endpoints(endpoints: &mut Endpoints<Self>) {
+        endpoints.handle::<Grow>();
+    }
+}
+
+impl Handler<Grow> for Owner {
+    async fn handle(&mut self, _cx: &Context, _: Grow) -> Result<(), EndpointError> {
+        let procs = spawn_procs(&extent!(procs = 1))?;
+        let inner = procs.spawn::<Spinner>("inner", &())?;
+        inner.broadcast(&Spin)?;
+        self.inner = Some((procs, inner));
+        Ok(())
+    }
+}
+
 async fn main(args: Vec<String>) -> Result<(), String> {
     match args.first().map(String::as_str) {
         None => {
@@ -75,8 +115,20 @@ async fn main(args: Vec<String>) -> Result<(), String> {
             }
         }
         Some("stacks") => stacks(&args[1..]).await,
+        Some("nested") => {
+            let seconds: u64 = args
+                .get(1)
+                .and_then(|arg| arg.parse().ok())
+                .ok_or("usage: spin nested SECONDS")?;
+            let procs = spawn_procs(&extent!(procs = 1))?;
+            let owners = procs.spawn::<Owner>("owners", &())?;
+            owners.call_one(&Grow).await?;
+            info!("the owner's spinner was asked to spin");
+            sleep(Duration::from_secs(seconds)).await;
+            Ok(())
+        }
         Some(other) => Err(format!(
-            "usage: spin [actor | stacks PROCS RANK SECONDS]; unknown mode `{other}`"
+            "usage: spin [actor | stacks PROCS RANK SECONDS | nested SECONDS]; unknown mode `{other}`"
         )),
     }
 }
@@ -99,5 +151,5 @@ async fn stacks(args: &[String]) -> Result<(), String> {
 
 monarch_guest::program! {
     main: main,
-    actors: [Spinner],
+    actors: [Spinner, Owner],
 }
