@@ -337,6 +337,37 @@ const DATAPLANE_CHECKS: &[&str] = &[
     "other buffers live on",
 ];
 
+/// breakpoints: without debugging on (no `--debug-listen`), each rank's
+/// `breakpoint!` does nothing and the call returns at once, on child procs
+/// and in process. tests/debugger.rs drives them with a debugger.
+#[test]
+fn breakpoints() {
+    for mode in [&[][..], &["--in-process"][..]] {
+        let mut args: Vec<&str> = mode.to_vec();
+        args.extend([env!("GUEST_BREAKPOINTS"), "--", "2000"]);
+        let run = monarch_host(&args, Duration::from_secs(120));
+        assert_eq!(run.code, Some(0), "{run:?}");
+        assert!(
+            !run.lines_with("results: [70, 71, 72, 73]").is_empty(),
+            "{run:?}"
+        );
+    }
+}
+
+/// stepper: on the normal engine, the debug engine's test program runs as
+/// any other (every rank replies to `busy`). tests/debug_engine.rs drives
+/// it under `--debug`.
+#[test]
+fn stepper() {
+    let args = [env!("GUEST_STEPPER"), "--", "bench", "1000"];
+    let run = monarch_host(&args, Duration::from_secs(120));
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(
+        !run.lines_with("bench: 1000 iterations").is_empty(),
+        "{run:?}"
+    );
+}
+
 /// spin: a controller that never calls the host is stopped at the run's
 /// deadline, not before and not long after, with an error that names the
 /// deadline. (The deadline starts once the program is compiled, so the

@@ -188,7 +188,10 @@ impl Run {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status.code();
             }
-            assert!(Instant::now() < until, "the run did not end within {within:?}");
+            assert!(
+                Instant::now() < until,
+                "the run did not end within {within:?}"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -227,7 +230,10 @@ fn list_paused(terminal: &mut Terminal, count: usize) -> String {
     let until = Instant::now() + Duration::from_secs(60);
     loop {
         let table = terminal.ask("list", "monarch_dbg> ");
-        let rows = table.lines().filter(|l| l.starts_with("trainers-v1")).count();
+        let rows = table
+            .lines()
+            .filter(|l| l.starts_with("trainers-v1"))
+            .count();
         if rows == count {
             return table;
         }
@@ -317,7 +323,10 @@ fn four_ranks_pause_and_are_listed_attached_cast_to_and_continued() {
 
     // `continue` completes the original call with its values.
     let continued = terminal.ask("continue", "monarch_dbg> ");
-    assert!(continued.contains("[trainers-v1 1] continued"), "{continued}");
+    assert!(
+        continued.contains("[trainers-v1 1] continued"),
+        "{continued}"
+    );
     let results = run.wait_for("results:", Duration::from_secs(30));
     assert!(results.contains("results: [70, 71, 72, 73]"), "{results}");
     assert!(
@@ -352,7 +361,10 @@ fn a_pause_nobody_attends_is_abandoned_with_an_error() {
         failed.contains("no debugger connected for 1.5 s"),
         "{failed}"
     );
-    assert!(started.elapsed() < Duration::from_secs(30), "not the call timeout");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "not the call timeout"
+    );
     assert_eq!(run.exit_code(Duration::from_secs(30)), Some(0));
     let _ = std::fs::remove_dir_all(&cache);
 }
@@ -437,7 +449,12 @@ fn python_breakpoint_gives_pdb() {
     let until = Instant::now() + Duration::from_secs(300);
     loop {
         let table = terminal.ask("list", "monarch_dbg> ");
-        if table.lines().filter(|l| l.starts_with("py-trainers")).count() == 2 {
+        if table
+            .lines()
+            .filter(|l| l.starts_with("py-trainers"))
+            .count()
+            == 2
+        {
             assert!(table.contains("Trainer.step"), "{table}");
             assert!(table.contains("debugging.py:19"), "{table}");
             break;
@@ -462,7 +479,10 @@ fn python_breakpoint_gives_pdb() {
     let cast = terminal.ask("cast py-trainers ranks(1) p x * 3", "monarch_dbg> ");
     assert!(cast.contains("[py-trainers 1] 21"), "{cast}");
     let continued = terminal.ask("continue", "monarch_dbg> ");
-    assert!(continued.contains("[py-trainers 1] continued"), "{continued}");
+    assert!(
+        continued.contains("[py-trainers 1] continued"),
+        "{continued}"
+    );
     let results = run.wait_for("results:", Duration::from_secs(60));
     assert!(results.contains("results: [150, 150]"), "{results}");
     terminal.type_line("quit");

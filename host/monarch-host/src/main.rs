@@ -347,8 +347,11 @@ fn main() -> ExitCode {
     };
     let log = Arc::new(|line: &str| println!("{line}"));
     let outcome = runtime.block_on(async move {
-        tokio::spawn(async move { monarch_host::debug::runs::run_local(&app, &libraries, &args, sandbox, log, debugging).await })
-            .await
+        tokio::spawn(async move {
+            monarch_host::debug::runs::run_local(&app, &libraries, &args, sandbox, log, debugging)
+                .await
+        })
+        .await
     });
     runtime.shutdown_timeout(Duration::from_secs(1));
     match outcome {

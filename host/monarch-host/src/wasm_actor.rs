@@ -165,7 +165,11 @@ impl Actor for WasmActor {
         state.debug.whoami = Whoami {
             mesh: self.mesh.clone(),
             rank: self.rank,
-            extent: self.extent.iter().map(|d| (d.name.clone(), d.size)).collect(),
+            extent: self
+                .extent
+                .iter()
+                .map(|d| (d.name.clone(), d.size))
+                .collect(),
         };
         // What the actor spawns is its own: failures go to its `supervise`
         // export, between messages (AO-2).
@@ -223,7 +227,8 @@ impl Actor for WasmActor {
             self.rank,
             &self.extent,
         );
-        let created = match race(create, self.handler_timeout, &self.interrupt, &self.paused).await {
+        let created = match race(create, self.handler_timeout, &self.interrupt, &self.paused).await
+        {
             Ended::Returned(created) => created,
             Ended::Trapped(trap) => {
                 tracing::info!(actor = %cx.actor_id(), "trap in create: {}", trap_text(&trap));
@@ -379,7 +384,13 @@ impl WasmActor {
             let supervise = program
                 .monarch_host_actor_class()
                 .call_supervise(&mut *store, &failure);
-            let ended = race(supervise, self.handler_timeout, &self.interrupt, &self.paused).await;
+            let ended = race(
+                supervise,
+                self.handler_timeout,
+                &self.interrupt,
+                &self.paused,
+            )
+            .await;
             if self.debugger.is_some() {
                 // A stop of the debug engine ends with the export.
                 store.data_mut().debug.close();

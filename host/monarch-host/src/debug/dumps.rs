@@ -77,7 +77,9 @@ pub fn for_local_run() -> Option<DumpConfig> {
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default();
     let run = format!("{}-{}", compact_utc(now.as_secs()), std::process::id());
+    // Absolute, since procs elsewhere (and the fault's reader) get it.
     let root = local_root();
+    let root = std::path::absolute(&root).unwrap_or(root);
     prune_local_runs(&root, KEEP_LOCAL_RUNS);
     Some(DumpConfig {
         dir: root.join(run),
@@ -282,7 +284,21 @@ pub(crate) fn prepare(
         ),
         Some(dump) => {
             let name = format!("{}[{}]", who.mesh, who.rank);
-            (Some(dump.serialize(&mut store, &name)), None)
+            // wasmtime 48 panics serializing some components' dumps (a
+            // QuickJS stack overflow: a global it did not index); the
+            // record is written without the core dump then.
+            let serialized = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                dump.serialize(&mut store, &name)
+            }));
+            match serialized {
+                Ok(bytes) => (Some(bytes), None),
+                Err(_) => (
+                    None,
+                    Some(
+                        "wasmtime could not write this component's core dump (it panicked)".into(),
+                    ),
+                ),
+            }
         }
     };
     let frames = error

@@ -42,8 +42,8 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 use wasmtime::{
-    AsContextMut, DebugEvent, DebugHandler, Engine, FrameHandle, Module, ModulePC,
-    StoreContextMut, Val,
+    AsContextMut, DebugEvent, DebugHandler, Engine, FrameHandle, Module, ModulePC, StoreContextMut,
+    Val,
 };
 
 use super::pause::{DebugConfig, Whoami};
@@ -293,9 +293,7 @@ impl Symbols {
     /// The function whose body holds `pc`.
     fn function(&self, pc: u32) -> Option<&Function> {
         let i = self.functions.partition_point(|f| f.start <= pc);
-        self.functions
-            .get(i.checked_sub(1)?)
-            .filter(|f| pc < f.end)
+        self.functions.get(i.checked_sub(1)?).filter(|f| pc < f.end)
     }
 
     /// The source line of the code at `pc`, if the line tables say.
@@ -435,7 +433,9 @@ fn read_lines(
             sequence.push(Row {
                 pc: u32::try_from(pc).unwrap_or(u32::MAX),
                 file,
-                line: row.line().map_or(0, |l| u32::try_from(l.get()).unwrap_or(0)),
+                line: row
+                    .line()
+                    .map_or(0, |l| u32::try_from(l.get()).unwrap_or(0)),
                 stmt: row.is_stmt(),
                 end: row.end_sequence(),
                 prologue_end: row.prologue_end(),
@@ -458,7 +458,9 @@ fn read_lines(
 }
 
 fn push_path(path: &mut String, part: &str) {
-    if part.starts_with('/') {
+    // Absolute: `/...`, or with a scheme or drive (`wasisdk://...`, `C:/`).
+    let scheme = part.find(":/").is_some_and(|at| !part[..at].contains('/'));
+    if part.starts_with('/') || scheme {
         *path = part.to_string();
     } else {
         if !path.is_empty() && !path.ends_with('/') {
@@ -537,7 +539,11 @@ fn frames(store: &mut StoreContextMut<'_, HostState>) -> Vec<Frame> {
     for exit in exits {
         let mut next = Some(exit);
         while let Some(handle) = next {
-            let module = handle.module(store.as_context_mut()).ok().flatten().cloned();
+            let module = handle
+                .module(store.as_context_mut())
+                .ok()
+                .flatten()
+                .cloned();
             let pc = handle
                 .wasm_function_index_and_pc(store.as_context_mut())
                 .ok()
@@ -562,13 +568,45 @@ fn value_text(value: &Val) -> String {
     }
 }
 
+/// The sources read, by path (None: not on this machine).
+static SOURCES: Mutex<Vec<(String, Option<Arc<str>>)>> = Mutex::new(Vec::new());
+
+/// The text of `file`, if this machine has it (read once).
+fn source(file: &str) -> Option<Arc<str>> {
+    let mut sources = lock(&SOURCES);
+    if let Some((_, text)) = sources.iter().find(|(path, _)| path == file) {
+        return text.clone();
+    }
+    let text: Option<Arc<str>> = std::fs::read_to_string(file).ok().map(Arc::from);
+    sources.push((file.to_string(), text.clone()));
+    text
+}
+
 /// The text of line `line` of `file`, if this machine has the file.
 fn source_line(file: &str, line: u32) -> Option<String> {
-    let text = std::fs::read_to_string(file).ok()?;
+    let text = source(file)?;
     let at = usize::try_from(line).ok()?.checked_sub(1)?;
     text.lines()
         .nth(at)
         .map(|source| source.trim_end().to_string())
+}
+
+/// `line` of `file` as a stop shows it: `   84  let total = ...`.
+fn source_text(at: &At) -> String {
+    at.as_ref()
+        .and_then(|(file, line)| {
+            source_line(file, *line).map(|text| format!("{line:>5}  {text}\n"))
+        })
+        .unwrap_or_default()
+}
+
+/// The innermost frame of the program's own code: the first whose source
+/// is on this machine (a trap stops in `abort`, an interrupt may stop in
+/// the standard library). None: no frame has.
+fn own_frame(frames: &[Frame]) -> Option<usize> {
+    frames
+        .iter()
+        .position(|frame| frame.at().is_some_and(|(file, _)| source(&file).is_some()))
 }
 
 // ---------------------------------------------------------------------------
@@ -782,7 +820,11 @@ impl DebugHandler for Debugger {
     async fn handle(&self, mut store: StoreContextMut<'_, HostState>, event: DebugEvent<'_>) {
         match event {
             DebugEvent::Trap(trap) => {
-                let reason = format!("trap: {trap}");
+                let trap = trap.to_string();
+                let reason = format!(
+                    "trap: {}",
+                    trap.strip_prefix("wasm trap: ").unwrap_or(&trap)
+                );
                 self.stop(&mut store, reason, true).await;
             }
             DebugEvent::EpochYield => {
@@ -822,7 +864,9 @@ impl Debugger {
         let modules = store.as_context_mut().debug_all_modules();
         let mut wanted: Vec<(Module, u32)> = Vec::new();
         for (_, text) in &specs {
-            let Ok(spec) = Spec::parse(text) else { continue };
+            let Ok(spec) = Spec::parse(text) else {
+                continue;
+            };
             let before = wanted.len();
             for module in &modules {
                 if let Some(symbols) = symbols(module) {
@@ -831,10 +875,13 @@ impl Debugger {
                 }
             }
             if wanted.len() == before && self.0.controller && state.warned.insert(text.clone()) {
-                tracing::warn!("breakpoint `{text}` matches no code of the program (it needs debug info: `debug = \"line-tables-only\"` or more)");
+                tracing::warn!(
+                    "breakpoint `{text}` matches no code of the program (it needs debug info: `debug = \"line-tables-only\"` or more)"
+                );
             }
         }
-        let same = |(m, pc): &(Module, u32), (n, qc): &(Module, u32)| pc == qc && Module::same(m, n);
+        let same =
+            |(m, pc): &(Module, u32), (n, qc): &(Module, u32)| pc == qc && Module::same(m, n);
         let old = std::mem::take(&mut state.user);
         if let Some(mut edit) = store.as_context_mut().edit_breakpoints() {
             for place in old.iter().filter(|p| !wanted.iter().any(|w| same(p, w))) {
@@ -874,7 +921,6 @@ impl Debugger {
         let is = |place: &(Module, u32)| place.1 == pc && Module::same(&place.0, module);
         let user = state.user.iter().any(is);
         let returned = state.temp.as_ref().is_some_and(is);
-        eprintln!("DEBUG bp depth {depth} pc {pc:#x} user {user} returned {returned} mode {:?} temp {:?} at {:?}", state.mode, state.temp.as_ref().map(|t| t.1), top.at());
         match state.mode.clone() {
             Mode::Run => user.then(|| "break".to_string()),
             Mode::Step { depth: from, at } => match top.at() {
@@ -899,14 +945,17 @@ impl Debugger {
                     // A call: run it at full speed, to where it returns.
                     if state.temp.is_none()
                         && let Some(caller) = frames.get(depth - from)
-                        && let (Some(module), Some(ret)) = (caller.module.clone(), caller.return_pc())
+                        && let (Some(module), Some(ret)) =
+                            (caller.module.clone(), caller.return_pc())
                     {
+                        // Two edits: wasmtime 48 loses a breakpoint added
+                        // in the edit that also turns single-stepping off.
                         if let Some(mut edit) = store.as_context_mut().edit_breakpoints() {
-                            let _ = edit.add_breakpoint(&module, ModulePC::new(ret));
                             let _ = edit.single_step(false);
                         }
-                        let list: Vec<String> = wasmtime::AsContext::as_context(store).breakpoints().map(|i| i.map(|b| format!("{:?}", b.pc)).collect()).unwrap_or_default();
-                        eprintln!("DEBUG temp at {ret:#x}: list {list:?} single {}", wasmtime::AsContext::as_context(store).is_single_step());
+                        if let Some(mut edit) = store.as_context_mut().edit_breakpoints() {
+                            let _ = edit.add_breakpoint(&module, ModulePC::new(ret));
+                        }
                         state.temp = Some((module, ret));
                     }
                     return None;
@@ -937,17 +986,35 @@ impl Debugger {
     /// Stops the instance: a pause at the hub, answered until a command
     /// resumes the guest (DE-3). `trapped`: the guest cannot run on, only
     /// unwind.
-    async fn stop(&self, store: &mut StoreContextMut<'_, HostState>, reason: String, trapped: bool) {
+    async fn stop(
+        &self,
+        store: &mut StoreContextMut<'_, HostState>,
+        reason: String,
+        trapped: bool,
+    ) {
         self.sync(store);
         self.quiet(store);
-        lock(&self.0.state).selected = 0;
-        let (function, location, at) = {
+        // The hub lists, and `locals` first shows, the program's own frame.
+        let (function, location, at, own, top) = {
             let frames = frames(store);
-            match frames.first() {
-                Some(top) => (top.function(), top.location(), top.at()),
+            let own = own_frame(&frames).unwrap_or(0);
+            let describe = |frame: Option<&Frame>| match frame {
+                Some(frame) => (frame.function(), frame.location(), frame.at()),
                 None => ("?".to_string(), "?".to_string(), None),
-            }
+            };
+            let (function, location, at) = describe(frames.get(own));
+            let top = match own {
+                0 => String::new(),
+                own => {
+                    let (function, location, _) = describe(frames.first());
+                    format!(
+                        "  (frame #{own}, the innermost of the program's own code; #0 is {function} at {location}; `bt` shows all)\n"
+                    )
+                }
+            };
+            (function, location, at, own, top)
         };
+        lock(&self.0.state).selected = own;
         let already = store.data().debug.clock.is_paused();
         if !store
             .data_mut()
@@ -956,16 +1023,14 @@ impl Debugger {
         {
             return;
         }
-        let source = at
-            .and_then(|(file, line)| source_line(&file, line).map(|text| format!("{line:>5}  {text}\n")))
-            .unwrap_or_default();
+        let source = source_text(&at);
         let lead = match already {
             true => "",
             false => "stopped by the debug engine; `help` lists its commands\n",
         };
-        store
-            .data_mut()
-            .output(&format!("{lead}> {location} in {function} ({reason})\n{source}{PROMPT}"));
+        store.data_mut().output(&format!(
+            "{lead}> {location} in {function} ({reason})\n{source}{top}{PROMPT}"
+        ));
         loop {
             let line = match store.data_mut().next_input().await {
                 Ok(line) => line,
@@ -1035,9 +1100,8 @@ impl Debugger {
             let place = caller.and_then(|c| Some((c.module.clone()?, c.return_pc()?)));
             (frames.len(), place)
         };
-        let (module, pc) = place.ok_or(
-            "this frame was called by the host, not by Wasm: `c` runs it to its end",
-        )?;
+        let (module, pc) = place
+            .ok_or("this frame was called by the host, not by Wasm: `c` runs it to its end")?;
         if let Some(mut edit) = store.as_context_mut().edit_breakpoints() {
             edit.add_breakpoint(&module, ModulePC::new(pc))
                 .map_err(|e| format!("{e:#}"))?;
@@ -1061,7 +1125,11 @@ impl Debugger {
                     .enumerate()
                     .map(|(i, frame)| {
                         let mark = if i == selected { '>' } else { ' ' };
-                        format!("{mark}#{i:<3} {} at {}\n", frame.function(), frame.location())
+                        format!(
+                            "{mark}#{i:<3} {} at {}\n",
+                            frame.function(),
+                            frame.location()
+                        )
                     })
                     .collect()
             }
@@ -1079,7 +1147,9 @@ impl Debugger {
                 );
                 for i in 0..count {
                     match frame.handle.local(store.as_context_mut(), i) {
-                        Ok(value) => text.push_str(&format!("  local{i}: {}\n", value_text(&value))),
+                        Ok(value) => {
+                            text.push_str(&format!("  local{i}: {}\n", value_text(&value)))
+                        }
                         Err(e) => text.push_str(&format!("  local{i}: ({e})\n")),
                     }
                 }
@@ -1097,11 +1167,12 @@ impl Debugger {
                 match frames.get(at) {
                     Some(frame) => {
                         state.selected = at;
-                        let source = frame
-                            .at()
-                            .and_then(|(file, line)| source_line(&file, line).map(|t| format!("{line:>5}  {t}\n")))
-                            .unwrap_or_default();
-                        format!("#{at} {} at {}\n{source}", frame.function(), frame.location())
+                        let source = source_text(&frame.at());
+                        format!(
+                            "#{at} {} at {}\n{source}",
+                            frame.function(),
+                            frame.location()
+                        )
                     }
                     None => format!("*** no frame {at}: there are {} (`bt`)\n", frames.len()),
                 }
@@ -1110,9 +1181,10 @@ impl Debugger {
                 let frames = frames(store);
                 let selected = lock(&self.0.state).selected;
                 let Some((file, line)) = frames.get(selected).and_then(Frame::at) else {
-                    return "*** this frame has no source line (the code has no debug info)\n".into();
+                    return "*** this frame has no source line (the code has no debug info)\n"
+                        .into();
                 };
-                let Ok(text) = std::fs::read_to_string(&file) else {
+                let Some(text) = source(&file) else {
                     return format!("*** {file} is not on this machine\n");
                 };
                 let first = line.saturating_sub(5).max(1);
@@ -1130,7 +1202,8 @@ impl Debugger {
             Command::Breakpoints => {
                 let list = lock(&self.0.link.heard.breakpoints).clone();
                 if list.is_empty() {
-                    return "no breakpoints; `break FILE:LINE` or `break FUNCTION` sets one\n".into();
+                    return "no breakpoints; `break FILE:LINE` or `break FUNCTION` sets one\n"
+                        .into();
                 }
                 list.iter()
                     .map(|(id, spec)| match id {
@@ -1149,7 +1222,10 @@ impl Debugger {
                     None => list.clear(),
                 }
                 if list.len() == before && id.is_some() {
-                    return format!("*** no breakpoint {}; `break` lists them\n", id.unwrap_or(0));
+                    return format!(
+                        "*** no breakpoint {}; `break` lists them\n",
+                        id.unwrap_or(0)
+                    );
                 }
                 self.0.link.send(json!({ "delete": id }));
                 heard.set_breakpoints(list);
@@ -1170,13 +1246,21 @@ impl Debugger {
         let mut places: Vec<String> = Vec::new();
         let mut line_found = None;
         for module in &modules {
-            let Some(symbols) = symbols(module) else { continue };
+            let Some(symbols) = symbols(module) else {
+                continue;
+            };
             let (pcs, line) = symbols.places(&spec);
             line_found = line_found.or(line);
             for pc in pcs {
                 let at = symbols.at(pc).map(|(file, line)| format!("{file}:{line}"));
-                let function = symbols.function(pc).map(|f| f.name.clone()).unwrap_or_default();
-                places.push(format!("{} in {function}", at.unwrap_or_else(|| format!("pc {pc:#x}"))));
+                let function = symbols
+                    .function(pc)
+                    .map(|f| f.name.clone())
+                    .unwrap_or_default();
+                places.push(format!(
+                    "{} in {function}",
+                    at.unwrap_or_else(|| format!("pc {pc:#x}"))
+                ));
             }
         }
         if places.is_empty() {
@@ -1445,14 +1529,19 @@ async fn read_line<R: AsyncRead + Unpin>(
     use tokio::io::AsyncReadExt;
     let mut line = Vec::new();
     let limit = u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1);
-    let read = (&mut *reader).take(limit).read_until(b'\n', &mut line).await?;
+    let read = (&mut *reader)
+        .take(limit)
+        .read_until(b'\n', &mut line)
+        .await?;
     if read == 0 {
         return Ok(None);
     }
     if line.last() == Some(&b'\n') {
         line.pop();
     } else if line.len() > max {
-        return Err(std::io::Error::other(format!("a line longer than {max} bytes")));
+        return Err(std::io::Error::other(format!(
+            "a line longer than {max} bytes"
+        )));
     }
     String::from_utf8(line)
         .map(Some)
@@ -1483,8 +1572,16 @@ mod tests {
             Spec::parse("stepper::compute").unwrap(),
             Spec::Function("stepper::compute".into())
         );
-        assert_eq!(Spec::parse("compute").unwrap(), Spec::Function("compute".into()));
-        for (bad, says) in [("", "FILE:LINE"), ("lib.rs:0", "from 1"), ("a b", "FILE:LINE"), ("x:", "FILE:LINE")] {
+        assert_eq!(
+            Spec::parse("compute").unwrap(),
+            Spec::Function("compute".into())
+        );
+        for (bad, says) in [
+            ("", "FILE:LINE"),
+            ("lib.rs:0", "from 1"),
+            ("a b", "FILE:LINE"),
+            ("x:", "FILE:LINE"),
+        ] {
             let err = Spec::parse(bad).unwrap_err();
             assert!(err.contains(says), "{bad:?}: {err}");
         }
@@ -1580,7 +1677,10 @@ mod tests {
         bytes.extend(custom);
         let symbols = Symbols::read(&bytes);
         assert_eq!(symbols.functions.len(), 2);
-        assert_eq!(symbols.function(code_at + 1).map(|f| f.name.as_str()), Some("a"));
+        assert_eq!(
+            symbols.function(code_at + 1).map(|f| f.name.as_str()),
+            Some("a")
+        );
         let second = symbols.functions[1].start;
         assert_eq!(
             symbols.function(second).map(|f| f.name.as_str()),
@@ -1588,7 +1688,16 @@ mod tests {
         );
         assert!(symbols.at(second).is_none(), "no line tables");
         let (pcs, _) = symbols.places(&Spec::Function("compute".into()));
-        assert_eq!(pcs, vec![second], "a function without lines stops at its first byte");
-        assert!(symbols.places(&Spec::parse("lib.rs:1").unwrap()).0.is_empty());
+        assert_eq!(
+            pcs,
+            vec![second],
+            "a function without lines stops at its first byte"
+        );
+        assert!(
+            symbols
+                .places(&Spec::parse("lib.rs:1").unwrap())
+                .0
+                .is_empty()
+        );
     }
 }

@@ -104,12 +104,8 @@ impl Hub {
         live: LiveRun,
     ) -> Result<Arc<Hub>, String> {
         let _ = std::fs::remove_file(control);
-        let unix = tokio::net::UnixListener::bind(control).map_err(|e| {
-            format!(
-                "cannot listen for debuggers at {}: {e}",
-                control.display()
-            )
-        })?;
+        let unix = tokio::net::UnixListener::bind(control)
+            .map_err(|e| format!("cannot listen for debuggers at {}: {e}", control.display()))?;
         let tcp = match listen {
             Some(addr) => Some(
                 tokio::net::TcpListener::bind(addr)
@@ -233,8 +229,7 @@ impl Hub {
     async fn answer_request(&self, request: &Value) -> Value {
         match request.get("op").and_then(Value::as_str) {
             Some("stacks") => match self.live.cluster() {
-                // TODO(stacks): super::stacks::collect(&cluster).await
-                Some(_cluster) => json!({ "error": "stacks are not built yet" }),
+                Some(cluster) => super::stacks::collect(&cluster).await,
                 None => json!({ "error": "the run has not started its controller, or has ended" }),
             },
             Some("list") => json!({ "paused": self.list_rows() }),
@@ -242,12 +237,8 @@ impl Hub {
         }
     }
 
-    async fn serve_actor<R, W>(
-        self: Arc<Self>,
-        hello: Hello,
-        mut lines: BufReader<R>,
-        mut write: W,
-    ) where
+    async fn serve_actor<R, W>(self: Arc<Self>, hello: Hello, mut lines: BufReader<R>, mut write: W)
+    where
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin + Send + 'static,
     {
@@ -364,11 +355,8 @@ impl Hub {
             .unwrap_or_else(|| format!("#{id}"))
     }
 
-    async fn serve_client<R, W>(
-        self: Arc<Self>,
-        mut lines: BufReader<R>,
-        mut write: W,
-    ) where
+    async fn serve_client<R, W>(self: Arc<Self>, mut lines: BufReader<R>, mut write: W)
+    where
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin,
     {
@@ -571,7 +559,9 @@ impl Hub {
         for rank in left {
             let why = match self.find(mesh, rank) {
                 Some(_) => "is paused already; it stops again at its next epoch tick once resumed",
-                None => "has not stopped: it is not running its own code; it stops when it next does",
+                None => {
+                    "has not stopped: it is not running its own code; it stops when it next does"
+                }
             };
             stopped.insert(rank, why.to_string());
         }
@@ -666,7 +656,9 @@ impl Hub {
         if rows.is_empty() {
             return "nothing is paused\n".into();
         }
-        let header = ["mesh", "rank", "coords", "host", "function", "location", "reason"];
+        let header = [
+            "mesh", "rank", "coords", "host", "function", "location", "reason",
+        ];
         let cells: Vec<Vec<String>> = rows
             .iter()
             .map(|row| {
@@ -781,9 +773,9 @@ async fn read_line<R: AsyncRead + Unpin>(
             format!("a line longer than {max} bytes"),
         ));
     }
-    String::from_utf8(buf)
-        .map(Some)
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "a line that is not UTF-8"))
+    String::from_utf8(buf).map(Some).map_err(|_| {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, "a line that is not UTF-8")
+    })
 }
 
 async fn send<W: AsyncWrite + Unpin>(write: &mut W, value: &Value) -> std::io::Result<()> {
@@ -809,7 +801,13 @@ pub async fn connect(
     token: &str,
     role: &str,
     mut hello: Value,
-) -> Result<(Box<dyn AsyncRead + Unpin + Send>, Box<dyn AsyncWrite + Unpin + Send>), String> {
+) -> Result<
+    (
+        Box<dyn AsyncRead + Unpin + Send>,
+        Box<dyn AsyncWrite + Unpin + Send>,
+    ),
+    String,
+> {
     hello["token"] = json!(token);
     hello["role"] = json!(role);
     let (read, mut write): (

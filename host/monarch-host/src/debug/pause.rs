@@ -171,7 +171,12 @@ pub(crate) fn host_name() -> String {
 impl HostState {
     /// Opens a pause at the hub; false when debugging is off or the hub
     /// cannot be reached (then the guest runs on).
-    pub(crate) async fn open_pause(&mut self, function: String, location: String, reason: String) -> bool {
+    pub(crate) async fn open_pause(
+        &mut self,
+        function: String,
+        location: String,
+        reason: String,
+    ) -> bool {
         let Some(config) = self.cluster.sandbox.debug.clone() else {
             return false;
         };
@@ -192,9 +197,11 @@ impl HostState {
             location,
             reason,
         };
-        let connected =
-            tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&config.addr))
-                .await;
+        let connected = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            tokio::net::TcpStream::connect(&config.addr),
+        )
+        .await;
         let stream = match connected {
             Ok(Ok(stream)) => stream,
             Ok(Err(e)) => {

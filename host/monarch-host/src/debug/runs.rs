@@ -191,8 +191,11 @@ pub async fn run_local(
         token,
     };
     let path = dir.join(format!("{id}.json"));
-    write_private(&path, &serde_json::to_vec_pretty(&record).unwrap_or_default())
-        .map_err(|e| RunError::Host(format!("cannot write {}: {e}", path.display())))?;
+    write_private(
+        &path,
+        &serde_json::to_vec_pretty(&record).unwrap_or_default(),
+    )
+    .map_err(|e| RunError::Host(format!("cannot write {}: {e}", path.display())))?;
     let _recorded = Recorded(path, control);
     let outcome = crate::run_program_with(app, libraries, args, sandbox, log).await;
     drop(hub);

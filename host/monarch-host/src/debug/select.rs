@@ -71,7 +71,7 @@ impl Range {
         match self {
             Range::All => true,
             Range::Span { start, end, step } => {
-                at >= *start && end.is_none_or(|end| at < end) && (at - start) % step == 0
+                at >= *start && end.is_none_or(|end| at < end) && (at - start).is_multiple_of(*step)
             }
         }
     }
@@ -267,9 +267,7 @@ impl Command {
                 let (mesh, rest) = rest.split_once(char::is_whitespace).ok_or(usage)?;
                 let rest = rest.trim_start();
                 let inside = rest.strip_prefix("ranks(").ok_or(usage)?;
-                let close = inside
-                    .find(')')
-                    .ok_or("`ranks(` is not closed with `)`")?;
+                let close = inside.find(')').ok_or("`ranks(` is not closed with `)`")?;
                 let selection = Selection::parse(&inside[..close])?;
                 let line = inside[close + 1..].trim();
                 if line.is_empty() {
@@ -319,7 +317,9 @@ mod tests {
 
     fn picked(selection: &str) -> Vec<u32> {
         let selection = Selection::parse(selection).unwrap();
-        (0..8).filter(|&r| selection.matches(r, &extent())).collect()
+        (0..8)
+            .filter(|&r| selection.matches(r, &extent()))
+            .collect()
     }
 
     #[test]
@@ -444,7 +444,12 @@ mod tests {
 
     #[test]
     fn selections_print_as_typed() {
-        for text in ["ranks(1, 3)", "ranks(0:4)", "ranks(hosts=1, gpus=0:2:2)", "ranks(*)"] {
+        for text in [
+            "ranks(1, 3)",
+            "ranks(0:4)",
+            "ranks(hosts=1, gpus=0:2:2)",
+            "ranks(*)",
+        ] {
             let inside = &text["ranks(".len()..text.len() - 1];
             assert_eq!(Selection::parse(inside).unwrap().to_string(), text);
         }

@@ -705,13 +705,14 @@ async fn job_stacks(
     let job = find_job(&state, id)?;
     let cluster = state.live().get(&id).and_then(|live| live.run.cluster());
     let Some(cluster) = cluster else {
-        return Err(fail(
-            StatusCode::CONFLICT,
-            format!(
-                "job {id} is not running ({}): only a running job has stacks",
-                job.status.as_str()
+        let status = job.status.as_str();
+        let why = match job.status.is_final() {
+            true => format!("job {id} is not running ({status}): only a running job has stacks"),
+            false => format!(
+                "job {id} has not started its controller yet ({status}); ask again in a moment"
             ),
-        ));
+        };
+        return Err(fail(StatusCode::CONFLICT, why));
     };
     let stacks = crate::debug::stacks::collect(&cluster).await;
     match stacks.get("error").and_then(serde_json::Value::as_str) {
