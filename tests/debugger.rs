@@ -444,7 +444,7 @@ fn python_breakpoint_gives_pdb() {
         .and_then(|rest| rest.strip_suffix(')'))
         .expect("the run prints its id")
         .to_string();
-    let mut terminal = Terminal::spawn(&["debug", "--run", &id], &cache);
+    let mut terminal = Terminal::spawn(&["debug", &id], &cache);
     terminal.expect("monarch_dbg> ", Duration::from_secs(30));
     let until = Instant::now() + Duration::from_secs(300);
     loop {
@@ -488,4 +488,84 @@ fn python_breakpoint_gives_pdb() {
     terminal.type_line("quit");
     assert_eq!(run.exit_code(Duration::from_secs(30)), Some(0));
     let _ = std::fs::remove_dir_all(&cache);
+}
+
+#[test]
+fn a_server_job_with_debug_on_is_debugged_with_server_url_job() {
+    #[path = "support/serve.rs"]
+    #[allow(dead_code)]
+    mod serve_support;
+    let dir = serve_support::Scratch::new("debugger");
+    let server = serve_support::ServeProcess::start(&dir.0, &[]);
+    let token = dir.0.join("token");
+    let token = token.to_str().unwrap();
+    let cli = |args: &[&str], stdin: &str| {
+        let mut child = Command::new(CLI)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let server_args = ["--server", server.base.as_str(), "--token-file", token];
+    let mut submit = vec!["submit"];
+    submit.extend(server_args);
+    submit.extend(["--debug", env!("GUEST_BREAKPOINTS"), "--", "one", "60000"]);
+    let submitted = cli(&submit, "");
+    assert!(submitted.status.success(), "{submitted:?}");
+    let job = String::from_utf8_lossy(&submitted.stdout)
+        .trim()
+        .to_string();
+    let mut debug = vec!["debug"];
+    debug.extend(server_args);
+    debug.push(&job);
+    // The job pauses rank 0; the debugger lists it.
+    let until = Instant::now() + Duration::from_secs(120);
+    loop {
+        let listed = cli(&debug, "list\nquit\n");
+        let out = String::from_utf8_lossy(&listed.stdout).to_string();
+        if out.contains("trainers-v1  0 ") {
+            assert!(out.contains("hosts=0, gpus=0"), "{out}");
+            break;
+        }
+        assert!(Instant::now() < until, "rank 0 never paused: {listed:?}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let mut terminal = Terminal::spawn(&debug, &dir.0);
+    terminal.expect("monarch_dbg> ", Duration::from_secs(30));
+    let continued = terminal.ask("continue", "monarch_dbg> ");
+    assert!(
+        continued.contains("[trainers-v1 0] continued"),
+        "{continued}"
+    );
+    let mut logs = vec!["logs", job.as_str()];
+    logs.extend(server_args);
+    let log = cli(&logs, "");
+    let text = String::from_utf8_lossy(&log.stdout);
+    assert!(log.status.success(), "{log:?}");
+    assert!(text.contains("results: [70, 71, 72, 73]"), "{text}");
+    // A job without debug on says so.
+    let mut plain = vec!["submit"];
+    plain.extend(server_args);
+    plain.extend([env!("GUEST_SPIN"), "--", "actor"]);
+    let plain = cli(&plain, "");
+    let plain_job = String::from_utf8_lossy(&plain.stdout).trim().to_string();
+    let mut debug_plain = vec!["debug"];
+    debug_plain.extend(server_args);
+    debug_plain.push(&plain_job);
+    let refused = cli(&debug_plain, "quit\n");
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("without breakpoints") || stderr.contains("is not running"),
+        "{stderr}"
+    );
 }

@@ -242,6 +242,7 @@ async fn a_jobs_records_and_their_files_are_served() {
         mesh: None,
         dirs: Vec::new(),
         env: Vec::new(),
+        ..Default::default()
     };
     let id = client.submit(&job).await.expect("submit");
     let until = Instant::now() + RUN_LIMIT;

@@ -334,6 +334,7 @@ async fn a_cancelled_job_frees_its_persistent_mesh_for_the_next() {
         mesh: Some(MeshChoice::Name("workers".into())),
         dirs: Vec::new(),
         env: Vec::new(),
+        ..Default::default()
     };
     let sleeping = client.submit(&job(&["sleep-forever", "2"])).await.unwrap();
     // The job's log file, as the server writes it.

@@ -61,6 +61,7 @@ fn job(component: &str, args: &[&str], mesh: Option<MeshChoice>) -> JobRequest {
         mesh,
         dirs: Vec::new(),
         env: Vec::new(),
+        ..Default::default()
     }
 }
 

@@ -54,6 +54,7 @@ fn dashboard_shows_a_job_its_logs_and_the_mesh() {
         mesh: Some(MeshChoice::Name("workers".into())),
         dirs: Vec::new(),
         env: Vec::new(),
+        ..Default::default()
     };
     let id = rt.block_on(client.submit(&job)).expect("submit");
     let finished = wait_for_job(&rt, &server, id);

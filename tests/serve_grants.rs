@@ -84,6 +84,7 @@ fn files_job(component: &str, dir: String, mesh: Option<MeshChoice>) -> JobReque
         mesh,
         dirs: vec![dir],
         env: vec!["GREETING=hi".into()],
+        ..Default::default()
     }
 }
 

@@ -285,6 +285,7 @@ async fn a_jobs_stacks_come_from_its_procs_and_stuck_after_sets_the_exit_status(
             mesh: None,
             dirs: Vec::new(),
             env: Vec::new(),
+            ..Default::default()
         })
         .await
         .expect("submit");

@@ -331,10 +331,11 @@ impl Suite<'_> {
             mesh: Some(MeshChoice::Name(MESH.to_string())),
             dirs: Vec::new(),
             env: Vec::new(),
+            ..Default::default()
         };
         let fresh = JobRequest {
             mesh: None,
-            ..on_mesh.clone()
+            ..on_mesh.clone()..Default::default()
         };
 
         // The floor, first half.

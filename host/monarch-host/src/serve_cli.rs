@@ -129,6 +129,10 @@ pub struct SubmitArgs {
     /// Prints the job's log as it runs, and exits 0 only if it succeeds.
     #[arg(long)]
     follow: bool,
+    /// Turns breakpoints on: they pause until `monarch-host debug --server
+    /// URL JOB` continues them (without it they do nothing).
+    #[arg(long)]
+    debug: bool,
     /// Arguments passed to the program's `run`.
     #[arg(last = true)]
     args: Vec<String>,
@@ -292,6 +296,7 @@ pub fn submit(args: SubmitArgs) -> ExitCode {
         dirs,
         env,
         follow,
+        debug,
         args,
     } = args;
     let app = match crate::source_program(&app) {
@@ -337,6 +342,7 @@ pub fn submit(args: SubmitArgs) -> ExitCode {
             },
             dirs,
             env,
+            debug,
         };
         let id = client.submit(&job).await?;
         if !follow {

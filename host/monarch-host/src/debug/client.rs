@@ -14,17 +14,29 @@ use super::hub::{Endpoint, connect};
 /// `monarch-host debug`.
 #[derive(Debug, clap::Args)]
 pub struct DebugArgs {
-    /// The run to debug, by the id its record has (default: the newest
-    /// live run on this machine).
-    #[arg(long)]
-    pub run: Option<String>,
+    /// The run to debug, by the id it printed (default: the newest live
+    /// run on this machine), or with --server the job id.
+    #[arg(value_name = "RUN|JOB")]
+    pub target: Option<String>,
+    /// Debugs job JOB of this server (http://HOST:PORT), submitted with
+    /// breakpoints on (`submit --debug`, or `"debug": true`).
+    #[arg(long, value_name = "URL", conflicts_with = "addr")]
+    pub server: Option<String>,
     /// A run's debug hub elsewhere, as `IP:PORT` (what the run printed),
     /// with --token-file.
-    #[arg(long, requires = "token_file", conflicts_with = "run")]
+    #[arg(long, requires = "token_file")]
     pub addr: Option<String>,
-    /// A file holding that run's debug token (in its record, `token`).
-    #[arg(long)]
+    /// With --addr, a file holding that run's debug token (its record's
+    /// `token`); with --server, the server's bearer token.
+    #[arg(long, env = "MONARCH_TOKEN_FILE")]
     pub token_file: Option<std::path::PathBuf>,
+}
+
+/// Reads a token file.
+fn read_token(path: &std::path::Path) -> Result<String, String> {
+    std::fs::read_to_string(path)
+        .map(|token| token.trim().to_string())
+        .map_err(|e| format!("cannot read the token file {}: {e}", path.display()))
 }
 
 /// Runs `monarch-host debug`.
@@ -49,14 +61,34 @@ pub fn command(args: DebugArgs) -> ExitCode {
 }
 
 async fn session(args: DebugArgs) -> Result<(), String> {
-    let (endpoint, token) = match (&args.addr, &args.token_file) {
-        (Some(addr), Some(file)) => {
-            let token = std::fs::read_to_string(file)
-                .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-            (Endpoint::Tcp(addr.clone()), token.trim().to_string())
+    let (endpoint, token) = match (&args.server, &args.addr, &args.token_file) {
+        (Some(server), _, token_file) => {
+            let job = args
+                .target
+                .as_deref()
+                .ok_or("with --server, give the job id: monarch-host debug --server URL JOB")?;
+            let job: u64 = job.parse().map_err(|_| {
+                format!("`{job}` is not a job id (a number, as `monarch-host jobs` lists them)")
+            })?;
+            let token = token_file.as_deref().map(read_token).transpose()?;
+            let client = crate::serve::client::ApiClient::new(
+                server,
+                token,
+                std::time::Duration::from_secs(30),
+            )?;
+            let found = client.debug_endpoint(job).await?;
+            let field = |name: &str| {
+                found
+                    .get(name)
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+                    .ok_or_else(|| format!("the server's answer has no `{name}`"))
+            };
+            (Endpoint::Tcp(field("addr")?), field("token")?)
         }
+        (None, Some(addr), Some(file)) => (Endpoint::Tcp(addr.clone()), read_token(file)?),
         _ => {
-            let record = super::runs::find(args.run.as_deref())?;
+            let record = super::runs::find(args.target.as_deref())?;
             if record.debug_addr.is_none() {
                 eprintln!(
                     "monarch-host debug: note: run {} has breakpoints off (start it with --debug-listen 127.0.0.1:0); nothing will pause",

@@ -122,6 +122,21 @@ pub struct JobRequest {
     /// `KEY=VALUE`.
     #[serde(default)]
     pub env: Vec<String>,
+    /// Turns breakpoints on: an actor at one pauses until `monarch-host
+    /// debug --server URL JOB` continues it (see docs/debugging.md).
+    /// Without it breakpoints do nothing.
+    #[serde(default)]
+    pub debug: bool,
+}
+
+/// Where a debugger reaches a running job's debug hub
+/// (`GET /v1/jobs/{id}/debug`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DebugEndpoint {
+    /// The hub's TCP address, `IP:PORT`.
+    pub addr: String,
+    /// The secret the hub asks for.
+    pub token: String,
 }
 
 /// Limits a job asks for; what it leaves out is the server's default.

@@ -123,6 +123,12 @@ impl ApiClient {
             .await
     }
 
+    /// Where a running job's debug hub is (a job with breakpoints on).
+    pub async fn debug_endpoint(&self, id: u64) -> Result<serde_json::Value, String> {
+        self.send(self.request(Method::GET, &format!("/v1/jobs/{id}/debug")))
+            .await
+    }
+
     /// Creates a persistent mesh.
     pub async fn create_mesh(&self, name: &str, procs: u32) -> Result<MeshInfo, String> {
         let request = MeshRequest {

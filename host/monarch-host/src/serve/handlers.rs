@@ -79,6 +79,7 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/v1/jobs/{id}/dumps", get(job_dumps))
         .route("/v1/jobs/{id}/dumps/{file}", get(job_dump_file))
         .route("/v1/jobs/{id}/stacks", get(job_stacks))
+        .route("/v1/jobs/{id}/debug", get(job_debug))
         .route("/v1/meshes", post(create_mesh).get(list_meshes))
         .route("/v1/meshes/{name}", delete(delete_mesh))
         .fallback(|| async { fail(StatusCode::NOT_FOUND, "no such route; see /v1/openapi.json") })
@@ -105,6 +106,7 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         job_dumps,
         job_dump_file,
         job_stacks,
+        job_debug,
         create_mesh,
         list_meshes,
         delete_mesh,
@@ -610,6 +612,7 @@ async fn submit(With(state): With<Arc<State>>, body: Bytes) -> Answer<Created> {
         limits,
         grants,
         target,
+        request.debug,
     );
     if let Err(e) = started {
         let _ = state.db.finish_job(id, JobStatus::Failed, Some(&e));
@@ -718,6 +721,42 @@ async fn job_stacks(
     match stacks.get("error").and_then(serde_json::Value::as_str) {
         Some(error) => Err(fail(StatusCode::CONFLICT, format!("job {id}: {error}"))),
         None => Ok(axum::Json(stacks)),
+    }
+}
+
+/// Where `monarch-host debug --server URL JOB` reaches a running job's
+/// debug hub (a job submitted with `"debug": true`).
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}/debug",
+    params(("id" = u64, Path)),
+    responses(
+        (status = 200, body = DebugEndpoint),
+        (status = 404, body = ApiError),
+        (status = 409, description = "The job is not running, or runs without breakpoints", body = ApiError)
+    )
+)]
+async fn job_debug(
+    With(state): With<Arc<State>>,
+    Path(id): Path<String>,
+) -> Result<axum::Json<DebugEndpoint>, Fail> {
+    let id = job_id(&id)?;
+    let job = find_job(&state, id)?;
+    let live = state.live().get(&id).cloned();
+    let endpoint =
+        live.and_then(|live| live.debug.lock().unwrap_or_else(|p| p.into_inner()).clone());
+    match endpoint {
+        Some(endpoint) => Ok(axum::Json(endpoint)),
+        None if job.status.is_final() => Err(fail(
+            StatusCode::CONFLICT,
+            format!("job {id} is not running ({})", job.status.as_str()),
+        )),
+        None => Err(fail(
+            StatusCode::CONFLICT,
+            format!(
+                "job {id} runs without breakpoints (submit it with \"debug\": true, or `monarch-host submit --debug`), or has not started yet"
+            ),
+        )),
     }
 }
 

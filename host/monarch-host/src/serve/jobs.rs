@@ -93,6 +93,9 @@ pub(crate) struct LiveJob {
     cancel: watch::Sender<Option<String>>,
     /// The job's cluster while its controller runs, for `stacks`.
     pub(crate) run: crate::debug::LiveRun,
+    /// Its debug hub's address and token, while it runs with breakpoints
+    /// on (`"debug": true`).
+    pub(crate) debug: Mutex<Option<crate::serve::api::DebugEndpoint>>,
 }
 
 impl LiveJob {
@@ -139,6 +142,7 @@ pub(crate) fn start(
     limits: Limits,
     grants: Grants,
     target: Target,
+    debug: bool,
 ) -> Result<(), String> {
     let log = JobLog::create(state.log_path(id), state.config.max_log_bytes)?;
     let (cancel, mut cancelled) = watch::channel(None::<String>);
@@ -146,6 +150,7 @@ pub(crate) fn start(
         log: log.clone(),
         cancel,
         run: Default::default(),
+        debug: Mutex::new(None),
     });
     state.live().insert(id, live);
     state.counters.submitted.fetch_add(1, Ordering::Relaxed);
@@ -163,6 +168,7 @@ pub(crate) fn start(
                     limits,
                     grants,
                     target,
+                    debug,
                     &log,
                     &mut cancelled,
                 )
@@ -180,6 +186,51 @@ pub(crate) fn start(
         finish(&state, id, &log, status, error);
     });
     Ok(())
+}
+
+/// Starts job `id`'s debug hub on the server's address (its unix socket
+/// in the data directory), and publishes where it is.
+async fn start_hub(
+    state: &Arc<State>,
+    id: u64,
+    live: crate::debug::LiveRun,
+) -> Result<
+    (
+        Arc<crate::debug::hub::Hub>,
+        crate::debug::pause::DebugConfig,
+    ),
+    String,
+> {
+    let token = crate::debug::runs::random_token()?;
+    let dir = state.config.data.join("debug");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let listen = std::net::SocketAddr::new(state.config.listen.ip(), 0).to_string();
+    let pause_limit = Duration::from_secs(600);
+    let hub = crate::debug::hub::Hub::start(
+        token.clone(),
+        &dir.join(format!("{id}.sock")),
+        Some(&listen),
+        pause_limit,
+        live,
+    )
+    .await?;
+    let addr = hub
+        .tcp
+        .map(|addr| addr.to_string())
+        .ok_or("the job's debug hub has no address")?;
+    if let Some(job) = state.live().get(&id) {
+        *job.debug.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(crate::serve::api::DebugEndpoint {
+                addr: addr.clone(),
+                token: token.clone(),
+            });
+    }
+    let config = crate::debug::pause::DebugConfig {
+        addr,
+        token,
+        pause_limit_ms: u64::try_from(pause_limit.as_millis()).unwrap_or(u64::MAX),
+    };
+    Ok((hub, config))
 }
 
 /// Gives job `id` its final status, then ends its log.
@@ -234,6 +285,7 @@ async fn run(
     limits: Limits,
     grants: Grants,
     target: Target,
+    debug: bool,
     log: &Arc<JobLog>,
     cancelled: &mut watch::Receiver<Option<String>>,
 ) -> (JobStatus, Option<String>) {
@@ -265,6 +317,20 @@ async fn run(
         Ok(prepared) => prepared,
         Err(e) => return (JobStatus::Failed, Some(e)),
     };
+    let live = state
+        .live()
+        .get(&id)
+        .map(|job| job.run.clone())
+        .unwrap_or_default();
+    // A job with breakpoints on gets a debug hub of its own, on the
+    // server's address, while it runs.
+    let hub = match debug {
+        false => None,
+        true => match start_hub(state, id, live.clone()).await {
+            Ok(hub) => Some(hub),
+            Err(e) => return (JobStatus::Failed, Some(e)),
+        },
+    };
     let sandbox = Sandbox {
         memory_bytes: limits.memory_mib as usize * (1 << 20),
         deadline: Duration::from_secs(limits.timeout_s),
@@ -281,14 +347,10 @@ async fn run(
         grants,
         max_instances: crate::engine::DEFAULT_MAX_INSTANCES,
         dumps: Some(crate::debug::dumps::for_job(&state.config.data, id)),
-        debug: None,
+        debug: hub.as_ref().map(|(_, config)| config.clone()),
         // A server's jobs run on the normal engine.
         debug_engine: false,
-        live: state
-            .live()
-            .get(&id)
-            .map(|job| job.run.clone())
-            .unwrap_or_default(),
+        live,
     };
     let (mesh, view, fresh) = match &target {
         Target::Persistent(name) => {
