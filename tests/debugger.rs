@@ -493,7 +493,6 @@ fn python_breakpoint_gives_pdb() {
 #[test]
 fn a_server_job_with_debug_on_is_debugged_with_server_url_job() {
     #[path = "support/serve.rs"]
-    #[allow(dead_code)]
     mod serve_support;
     let dir = serve_support::Scratch::new("debugger");
     let server = serve_support::ServeProcess::start(&dir.0, &[]);

@@ -335,7 +335,7 @@ impl Suite<'_> {
         };
         let fresh = JobRequest {
             mesh: None,
-            ..on_mesh.clone()..Default::default()
+            ..on_mesh.clone()
         };
 
         // The floor, first half.

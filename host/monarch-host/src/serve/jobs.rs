@@ -134,6 +134,7 @@ pub(crate) enum Target {
 
 /// Queues job `id` and starts its task; `grants` were checked against the
 /// server's allowed directories at submission.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn start(
     state: &Arc<State>,
     id: u64,
