@@ -87,7 +87,11 @@ mod tests {
             fn __here() {}
             super::enclosing_function(std::any::type_name_of_val(&__here))
         }
-        assert!(outer().ends_with("tests::the_enclosing_function_is_named::outer"), "{}", outer());
+        assert!(
+            outer().ends_with("tests::the_enclosing_function_is_named::outer"),
+            "{}",
+            outer()
+        );
         // Outside Wasm a breakpoint is off and does nothing.
         let lr = 0.5;
         crate::breakpoint!(lr, twice = lr * 2.0);
