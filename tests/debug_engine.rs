@@ -21,6 +21,8 @@ struct Terminal {
     output: mpsc::Receiver<Vec<u8>>,
     /// Output read and not yet consumed by `expect`.
     pending: String,
+    /// Marks typed by `answer`.
+    marks: u32,
 }
 
 impl Terminal {
@@ -76,6 +78,7 @@ impl Terminal {
             master,
             output,
             pending: String::new(),
+            marks: 0,
         }
     }
 
@@ -109,10 +112,28 @@ impl Terminal {
         }
     }
 
-    /// Types `line` and returns its answer, up to the next `prompt`.
-    fn ask(&mut self, line: &str, prompt: &str) -> String {
+    /// Types `line` and returns all that came before its answer ends.
+    /// News (a rank that pauses) comes with prompts of its own at any
+    /// time, so the end is marked: an unknown command typed after `line`,
+    /// which the hub, or the paused rank attached to, refuses in order.
+    fn answer(&mut self, line: &str) -> String {
+        self.marks += 1;
+        let mark = format!("mark{}", self.marks);
         self.type_line(line);
-        self.expect(prompt, Duration::from_secs(30))
+        self.type_line(&mark);
+        let text = self.expect(
+            &format!("*** unknown command `{mark}`; try `help`\n"),
+            Duration::from_secs(60),
+        );
+        // The prompt the last answer ended with.
+        let mut text = text.as_str();
+        while let Some(rest) = text
+            .strip_prefix("monarch_dbg> ")
+            .or_else(|| text.strip_prefix("(wasm) "))
+        {
+            text = rest;
+        }
+        text.to_string()
     }
 }
 
@@ -208,20 +229,14 @@ impl Drop for Run {
     }
 }
 
-/// A cache directory of this test process's own, shared by its tests (the
-/// debug engine's compiled program is made once); each test names its run
-/// to the debugger (`debug --run ID`), so that runs in parallel do not mix.
+/// The cache directory of these tests, shared by them and kept between
+/// runs (the debug engine's compiled program is made once, and no copy of
+/// its 20 MB is left behind per run); each test names its run to the
+/// debugger (`debug ID`), so that runs in parallel do not mix.
 fn cache() -> std::path::PathBuf {
-    static CACHE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    CACHE
-        .get_or_init(|| {
-            let dir =
-                std::env::temp_dir().join(format!("monarch-debug-engine-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).unwrap();
-            dir
-        })
-        .clone()
+    let dir = std::env::temp_dir().join("monarch-debug-engine-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
 /// The stepper's source.
@@ -256,7 +271,7 @@ fn debug_stepper(args: &[&str]) -> (Run, Terminal) {
         .and_then(|rest| rest.strip_suffix(')'))
         .expect("the run prints its id")
         .to_string();
-    let mut terminal = Terminal::spawn(&["debug", "--run", &id], &cache);
+    let mut terminal = Terminal::spawn(&["debug", &id], &cache);
     terminal.expect("monarch_dbg> ", Duration::from_secs(30));
     (run, terminal)
 }
@@ -266,7 +281,7 @@ fn debug_stepper(args: &[&str]) -> (Run, Terminal) {
 fn list_until(terminal: &mut Terminal, count: usize, needle: &str) -> String {
     let until = Instant::now() + Duration::from_secs(120);
     loop {
-        let table = terminal.ask("list", "monarch_dbg> ");
+        let table = terminal.answer("list");
         let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("stepper")).collect();
         if rows.len() == count && rows.iter().all(|row| row.contains(needle)) {
             return table;
@@ -280,22 +295,24 @@ fn list_until(terminal: &mut Terminal, count: usize, needle: &str) -> String {
 }
 
 #[test]
-fn a_line_breakpoint_stops_every_rank_and_next_steps_by_line() {
+fn a_line_breakpoint_stops_every_rank_steps_move_by_line_and_interrupt_stops_a_spin() {
+    let call = line_of("let result = compute(work.x, self.rank);");
     let total = line_of("let total = x * 60606;");
     let shifted = line_of("let shifted = total + i64::from(rank);");
     let result = line_of("    shifted * 10");
+    let after = line_of("        Ok(result)");
     let at = |line: usize| format!("stepper/src/lib.rs:{line}");
-    let (mut run, mut terminal) = debug_stepper(&["--break", &format!("lib.rs:{total}")]);
+    let (mut run, mut terminal) = debug_stepper(&["--break", &format!("lib.rs:{call}")]);
 
-    // `list`: every rank of both procs, at the line, in `compute`.
-    let table = list_until(&mut terminal, 4, &at(total));
+    // `list`: every rank of both procs, at the line, in the handler.
+    let table = list_until(&mut terminal, 4, &at(call));
     for rank in 0..4 {
         let row = table
             .lines()
             .find(|l| l.starts_with(&format!("stepper  {rank} ")))
             .unwrap_or_else(|| panic!("no row for rank {rank}:\n{table}"));
         assert!(
-            row.contains("stepper::compute") && row.ends_with("break"),
+            row.contains("Handler<stepper::Work>>::handle") && row.ends_with("break"),
             "{row}"
         );
         assert!(
@@ -304,46 +321,64 @@ fn a_line_breakpoint_stops_every_rank_and_next_steps_by_line() {
         );
     }
 
-    // Rank 0: where it is, `next` to the following line, its locals.
-    let attached = terminal.ask("attach stepper 0", "(wasm) ");
+    // Rank 0: `step` into `compute`, `next` down to the line after
+    // `total`, and its locals.
+    let attached = terminal.answer("attach stepper 0");
     assert!(
-        attached.contains(&format!("{} in stepper::compute (break)", at(total)))
-            && attached.contains("let total = x * 60606;"),
+        attached.contains(&format!("{} in ", at(call))) && attached.contains("(break)"),
         "{attached}"
     );
-    let next = terminal.ask("next", "(wasm) ");
+    let step = terminal.answer("step");
+    assert!(
+        step.contains("in stepper::compute (step)"),
+        "`step` enters the call: {step}"
+    );
+    let mut next = step;
+    for _ in 0..3 {
+        if next.contains(&at(total)) {
+            break;
+        }
+        next = terminal.answer("next");
+    }
+    assert!(next.contains("let total = x * 60606;"), "{next}");
+    let next = terminal.answer("next");
     assert!(
         next.contains(&format!("{} in stepper::compute (step)", at(shifted)))
             && next.contains("let shifted"),
         "`next` moves to the next source line, not into an inlined `From`: {next}"
     );
-    let locals = terminal.ask("locals", "(wasm) ");
+    let locals = terminal.answer("locals");
     assert!(locals.contains("i64 = 7\n"), "x: {locals}");
     assert!(
         locals.contains("i64 = 424242\n"),
         "total = 7 * 60606: {locals}"
     );
-    let bt = terminal.ask("bt", "(wasm) ");
+    let bt = terminal.answer("bt");
     let frames: Vec<&str> = bt.lines().collect();
     assert!(
         frames[0].contains("#0") && frames[0].contains("stepper::compute"),
         "{bt}"
     );
     assert!(
-        frames[1].contains("Handler<stepper::Work>>::handle") && frames[1].contains("lib.rs:"),
+        frames[1].contains("Handler<stepper::Work>>::handle") && frames[1].contains(&at(call)),
         "{bt}"
     );
 
-    // `finish` returns to the handler's line that called `compute`.
-    let finish = terminal.ask("finish", "(wasm) ");
+    // `finish` returns to the line that called `compute`; `next` leaves it.
+    let finish = terminal.answer("finish");
     assert!(
-        finish.contains("(finish)") && finish.contains("let result = compute(work.x, self.rank);"),
+        finish.contains(&format!("{} in ", at(call))) && finish.contains("(finish)"),
         "{finish}"
+    );
+    let next = terminal.answer("next");
+    assert!(
+        next.contains(&at(after)) && next.contains("(step)"),
+        "{next}"
     );
 
     // A breakpoint set at one rank's stop reaches the others, in the other
     // proc too: they stop there once continued.
-    let set = terminal.ask(&format!("break lib.rs:{result}"), "(wasm) ");
+    let set = terminal.answer(&format!("break lib.rs:{result}"));
     assert!(
         set.contains("every actor of the run stops there") && set.contains(&at(result)),
         "{set}"
@@ -351,7 +386,7 @@ fn a_line_breakpoint_stops_every_rank_and_next_steps_by_line() {
     terminal.type_line("c");
     let detached = terminal.expect("monarch_dbg> ", Duration::from_secs(30));
     assert!(detached.contains("[stepper 0] continued"), "{detached}");
-    let continued = terminal.ask("continue", "monarch_dbg> ");
+    let continued = terminal.answer("continue");
     for rank in 1..4 {
         assert!(
             continued.contains(&format!("[stepper {rank}] continued")),
@@ -359,7 +394,7 @@ fn a_line_breakpoint_stops_every_rank_and_next_steps_by_line() {
         );
     }
     list_until(&mut terminal, 3, &at(result));
-    let cast = terminal.ask("cast stepper ranks(*) locals", "monarch_dbg> ");
+    let cast = terminal.answer("cast stepper ranks(*) locals");
     for rank in 1..4 {
         let shifted = 424242 + rank;
         assert!(
@@ -367,7 +402,7 @@ fn a_line_breakpoint_stops_every_rank_and_next_steps_by_line() {
             "rank {rank}'s `shifted`: {cast}"
         );
     }
-    terminal.ask("continue", "monarch_dbg> ");
+    terminal.answer("continue");
     let results = run.wait_for("results:", Duration::from_secs(60));
     assert!(
         results.contains("results: [4242420, 4242430, 4242440, 4242450]"),
@@ -377,25 +412,30 @@ fn a_line_breakpoint_stops_every_rank_and_next_steps_by_line() {
     // `interrupt` stops the rank that spins, inside its loop.
     run.wait_for("spinning", Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(500));
-    let stopped = terminal.ask("interrupt stepper ranks(0)", "monarch_dbg> ");
+    let stopped = terminal.answer("interrupt stepper ranks(0:2)");
     assert!(
         stopped.contains("[stepper 0] stopped at") && stopped.contains("in stepper::spin_forever"),
         "{stopped}"
     );
+    assert!(
+        stopped.contains("[stepper 1] runs none of its own code"),
+        "an idle rank is not left to stop at its next message: {stopped}"
+    );
     let table = list_until(&mut terminal, 1, "interrupt");
     assert!(table.contains("stepper::spin_forever"), "{table}");
-    terminal.ask("attach stepper 0", "(wasm) ");
-    let bt = terminal.ask("bt", "(wasm) ");
+    terminal.answer("attach stepper 0");
+    let bt = terminal.answer("bt");
+    // It may stop in a callee of the loop (`black_box`); the program's own
+    // frame, the one selected, is the loop's.
+    let own = bt.lines().find(|l| l.starts_with('>'));
     assert!(
-        bt.lines()
-            .next()
-            .is_some_and(|l| l.contains("stepper::spin_forever")),
+        own.is_some_and(|l| l.contains("stepper::spin_forever at")),
         "{bt}"
     );
     assert!(bt.contains("Handler<stepper::Spin>>::handle"), "{bt}");
-    let none = terminal.ask("detach", "monarch_dbg> ");
-    assert_eq!(none.trim(), "detached");
-    let nobody = terminal.ask("interrupt nobody ranks(0)", "monarch_dbg> ");
+    let detached = terminal.answer("detach");
+    assert!(detached.starts_with("detached\n"), "{detached}");
+    let nobody = terminal.answer("interrupt nobody ranks(0)");
     assert!(nobody.contains("no rank of `nobody`"), "{nobody}");
     terminal.type_line("quit");
 }
@@ -405,7 +445,7 @@ fn a_function_breakpoint_stops_every_rank_and_a_trap_stops_before_it_unwinds() {
     let pick = line_of("values[at]");
     let (mut run, mut terminal) = debug_stepper(&["--break", "stepper::pick", "--", "trap"]);
     list_until(&mut terminal, 4, &format!("stepper/src/lib.rs:{pick}"));
-    terminal.ask("continue", "monarch_dbg> ");
+    terminal.answer("continue");
 
     // Rank 1 indexes past the end: it stops at the trap, its frames whole.
     let table = list_until(
@@ -417,9 +457,9 @@ fn a_function_breakpoint_stops_every_rank_and_a_trap_stops_before_it_unwinds() {
         table.contains("stepper  1 ") && table.contains("stepper::pick"),
         "the program's own frame is listed, not `abort`: {table}"
     );
-    let attached = terminal.ask("attach stepper 1", "(wasm) ");
+    let attached = terminal.answer("attach stepper 1");
     assert!(attached.contains("values[at]"), "{attached}");
-    let bt = terminal.ask("bt", "(wasm) ");
+    let bt = terminal.answer("bt");
     assert!(
         bt.contains(" abort at "),
         "the trap's own frame is #0: {bt}"
@@ -432,12 +472,12 @@ fn a_function_breakpoint_stops_every_rank_and_a_trap_stops_before_it_unwinds() {
         own.starts_with('>'),
         "`locals` shows the program's frame: {bt}"
     );
-    let locals = terminal.ask("locals", "(wasm) ");
+    let locals = terminal.answer("locals");
     assert!(
         locals.contains("i32 = 3\n") && locals.contains("i32 = 7\n"),
         "the length and the index: {locals}"
     );
-    let refused = terminal.ask("next", "(wasm) ");
+    let refused = terminal.answer("next");
     assert!(refused.contains("cannot run on"), "{refused}");
     terminal.type_line("c");
     terminal.expect("[stepper 1] continued", Duration::from_secs(30));

@@ -171,10 +171,10 @@
 mod actor;
 mod call;
 pub mod codec;
+pub mod debug;
 mod error;
 mod executor;
 mod extent;
-pub mod debug;
 pub mod log;
 mod mesh;
 mod program;

@@ -412,7 +412,7 @@ pub fn pooled_engine(shape: &PoolShape) -> wasmtime::Result<Engine> {
 /// engine of `run --debug` ([`crate::debug::engine`]): every Wasm
 /// instruction can take a breakpoint, every frame's locals can be read, and
 /// traps stop before they unwind. It compiles about 3 times slower and runs
-/// 4 to 6 times slower, so that it is a second engine, never the one a
+/// 2 to 6 times slower, so that it is a second engine, never the one a
 /// normal run uses; its compiled forms are cached apart (the compatibility
 /// hash covers the setting).
 pub fn pooled_debug_engine(shape: &PoolShape) -> wasmtime::Result<Engine> {

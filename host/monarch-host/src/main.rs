@@ -174,7 +174,7 @@ struct RunArgs {
     /// source line or function, a trap stops before it unwinds, and
     /// `monarch-host debug` steps (`step`, `next`, `finish`), shows frames
     /// and Wasm locals, and interrupts spinning actors (`interrupt MESH
-    /// ranks(SEL)`). Compiles about 3 times and runs 4 to 6 times slower
+    /// ranks(SEL)`). Compiles about 3 times and runs 2 to 6 times slower
     /// than the normal engine. Turns breakpoints on (--debug-listen, by
     /// default 127.0.0.1:0).
     #[arg(long)]

@@ -651,8 +651,9 @@ impl Drop for Link {
 struct HubNews {
     #[serde(default)]
     breakpoints: Option<Vec<(u32, String)>>,
+    /// Stop at the next epoch tick (true), or no longer (false).
     #[serde(default)]
-    interrupt: bool,
+    interrupt: Option<bool>,
 }
 
 impl Link {
@@ -703,8 +704,13 @@ impl Link {
             .await
             .map_err(|e| e.to_string())?
             .ok_or("the hub closed the connection")?;
-        let news: HubNews =
+        let said: Value =
             serde_json::from_str(&first).map_err(|e| format!("the hub said {first:?}: {e}"))?;
+        if let Some(error) = said.get("error").and_then(Value::as_str) {
+            return Err(error.to_string());
+        }
+        let news: HubNews =
+            serde_json::from_value(said).map_err(|e| format!("the hub said {first:?}: {e}"))?;
         let heard = Arc::new(Heard::default());
         heard.set_breakpoints(news.breakpoints.unwrap_or_default());
         let (to_hub, mut outgoing) = mpsc::unbounded_channel::<String>();
@@ -718,8 +724,8 @@ impl Link {
                         if let Some(list) = news.breakpoints {
                             listener.set_breakpoints(list);
                         }
-                        if news.interrupt {
-                            listener.interrupt.store(true, Ordering::Release);
+                        if let Some(interrupt) = news.interrupt {
+                            listener.interrupt.store(interrupt, Ordering::Release);
                         }
                     }
                     out = outgoing.recv() => {
@@ -1038,6 +1044,7 @@ impl Debugger {
                 // the guest runs on (or unwinds, if it trapped).
                 Err(e) => {
                     tracing::info!("a stop of the debug engine ended: {e:#}");
+                    self.sync(store);
                     return;
                 }
             };
@@ -1050,6 +1057,9 @@ impl Debugger {
             };
             let resume = match command {
                 Command::Continue => {
+                    // Breakpoints set while it was stopped apply from here
+                    // on, even before its next epoch tick.
+                    self.sync(store);
                     store.data_mut().debug.close();
                     return;
                 }
@@ -1068,7 +1078,10 @@ impl Debugger {
             };
             match resume {
                 // The pause stays open while it steps (DE-4).
-                Ok(()) => return,
+                Ok(()) => {
+                    self.sync(store);
+                    return;
+                }
                 Err(e) => store.data_mut().output(&format!("*** {e}\n{PROMPT}")),
             }
         }
@@ -1442,11 +1455,6 @@ impl Registry {
         }
     }
 
-    /// The instances registered now.
-    pub fn registered(&self) -> usize {
-        lock(&self.instances).len()
-    }
-
     /// Serves one instance's registration until it ends: sends it the
     /// run's breakpoints, now and at each change, and its interrupts, and
     /// takes the breakpoints it sets and deletes.
@@ -1457,7 +1465,7 @@ impl Registry {
         mut write: W,
     ) where
         R: AsyncRead + Unpin,
-        W: AsyncWrite + Unpin,
+        W: AsyncWrite + Unpin + Send + 'static,
     {
         let id = self.next_instance.fetch_add(1, Ordering::Relaxed);
         let (to_instance, mut outgoing) = mpsc::unbounded_channel::<String>();
@@ -1472,48 +1480,76 @@ impl Registry {
             to_instance,
         };
         lock(&self.instances).insert(id, registered);
-        loop {
-            tokio::select! {
-                line = read_line(&mut lines, INSTANCE_LINE_MAX) => {
-                    let Ok(Some(line)) = line else { break };
-                    let Ok(said) = serde_json::from_str::<Value>(&line) else { break };
-                    if let Some(spec) = said.get("break").and_then(Value::as_str) {
-                        let _ = self.add_breakpoints(&[spec.to_string()]);
-                    } else if let Some(delete) = said.get("delete") {
-                        let mut breakpoints = lock(&self.breakpoints);
-                        match delete.as_u64() {
-                            Some(id) => breakpoints.list.retain(|(other, _)| u64::from(*other) != id),
-                            None => breakpoints.list.clear(),
-                        }
-                        drop(breakpoints);
-                        self.broadcast_breakpoints();
-                    }
+        // A writer of its own: reading a line is not cancel-safe, so it is
+        // never raced against writing. It ends when the registration does
+        // (its sender goes with the entry).
+        let writer = tokio::spawn(async move {
+            while let Some(mut out) = outgoing.recv().await {
+                out.push('\n');
+                if write.write_all(out.as_bytes()).await.is_err() {
+                    return;
                 }
-                out = outgoing.recv() => {
-                    let Some(mut out) = out else { break };
-                    out.push('\n');
-                    if write.write_all(out.as_bytes()).await.is_err() {
-                        break;
-                    }
+            }
+        });
+        while let Ok(Some(line)) = read_line(&mut lines, INSTANCE_LINE_MAX).await {
+            let Ok(said) = serde_json::from_str::<Value>(&line) else {
+                break;
+            };
+            if let Some(spec) = said.get("break").and_then(Value::as_str) {
+                let _ = self.add_breakpoints(&[spec.to_string()]);
+            } else if let Some(delete) = said.get("delete") {
+                let mut breakpoints = lock(&self.breakpoints);
+                match delete.as_u64() {
+                    Some(id) => breakpoints
+                        .list
+                        .retain(|(other, _)| u64::from(*other) != id),
+                    None => breakpoints.list.clear(),
                 }
+                drop(breakpoints);
+                self.broadcast_breakpoints();
             }
         }
         lock(&self.instances).remove(&id);
+        writer.abort();
     }
 
     /// Tells the registered ranks of `mesh` that `selection` picks to stop
-    /// at their next epoch tick; returns their ranks.
-    pub(crate) fn interrupt(&self, mesh: &str, selection: &Selection) -> Vec<u32> {
+    /// at their next epoch tick, except those `paused` says are paused
+    /// already; returns the ranks told, and those left alone as paused.
+    pub(crate) fn interrupt(
+        &self,
+        mesh: &str,
+        selection: &Selection,
+        paused: impl Fn(u32) -> bool,
+    ) -> (Vec<u32>, Vec<u32>) {
         let line = json!({ "interrupt": true }).to_string();
-        let mut ranks: Vec<u32> = lock(&self.instances)
-            .values()
-            .filter(|i| i.mesh == mesh && selection.matches(i.rank, &i.extent))
-            .filter(|i| i.to_instance.send(line.clone()).is_ok())
-            .map(|i| i.rank)
-            .collect();
-        ranks.sort_unstable();
-        ranks.dedup();
-        ranks
+        let mut told = Vec::new();
+        let mut left = Vec::new();
+        for instance in lock(&self.instances).values() {
+            if instance.mesh != mesh || !selection.matches(instance.rank, &instance.extent) {
+                continue;
+            }
+            if paused(instance.rank) {
+                left.push(instance.rank);
+            } else if instance.to_instance.send(line.clone()).is_ok() {
+                told.push(instance.rank);
+            }
+        }
+        for ranks in [&mut told, &mut left] {
+            ranks.sort_unstable();
+            ranks.dedup();
+        }
+        (told, left)
+    }
+
+    /// Withdraws the interrupts of `ranks` of `mesh` that have not stopped.
+    pub(crate) fn withdraw_interrupt(&self, mesh: &str, ranks: &[u32]) {
+        let line = json!({ "interrupt": false }).to_string();
+        for instance in lock(&self.instances).values() {
+            if instance.mesh == mesh && ranks.contains(&instance.rank) {
+                let _ = instance.to_instance.send(line.clone());
+            }
+        }
     }
 }
 
@@ -1677,9 +1713,12 @@ mod tests {
         bytes.extend(custom);
         let symbols = Symbols::read(&bytes);
         assert_eq!(symbols.functions.len(), 2);
-        assert_eq!(
-            symbols.function(code_at + 1).map(|f| f.name.as_str()),
-            Some("a")
+        let first = symbols.functions[0].start;
+        assert!(first > code_at, "bodies are within the code section");
+        assert_eq!(symbols.function(first).map(|f| f.name.as_str()), Some("a"));
+        assert!(
+            symbols.function(code_at).is_none(),
+            "the count is no function's"
         );
         let second = symbols.functions[1].start;
         assert_eq!(

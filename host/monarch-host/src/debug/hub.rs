@@ -36,6 +36,10 @@ pub const PROMPT: &str = "monarch_dbg> ";
 /// they print what came.
 const ANSWER_WAIT: Duration = Duration::from_secs(10);
 
+/// How long `interrupt` waits for a rank running its own code to stop
+/// (it stops at its next epoch tick, 10 ms, and pauses at the hub).
+const INTERRUPT_WAIT: Duration = Duration::from_secs(3);
+
 /// One paused instance.
 struct Paused {
     hello: Hello,
@@ -357,9 +361,21 @@ impl Hub {
 
     async fn serve_client<R, W>(self: Arc<Self>, mut lines: BufReader<R>, mut write: W)
     where
-        R: AsyncRead + Unpin,
+        R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin,
     {
+        // Lines are read by a task of their own: a read is not cancel-safe,
+        // and the loop below waits for news at the same time.
+        let (line_tx, mut line_rx) = mpsc::channel(16);
+        let reader = tokio::spawn(async move {
+            loop {
+                let line = read_line(&mut lines, LINE_MAX).await;
+                let end = !matches!(line, Ok(Some(_)));
+                if line_tx.send(line).await.is_err() || end {
+                    return;
+                }
+            }
+        });
         self.clients.fetch_add(1, Ordering::AcqRel);
         let mut news = self.news.subscribe();
         let mut client = Client {
@@ -374,8 +390,8 @@ impl Hub {
         let _ = send(&mut write, &json!({ "out": out, "prompt": PROMPT })).await;
         loop {
             tokio::select! {
-                line = read_line(&mut lines, LINE_MAX) => {
-                    let Ok(Some(line)) = line else { break };
+                line = line_rx.recv() => {
+                    let Some(Ok(Some(line))) = line else { break };
                     let Ok(said) = serde_json::from_str::<Value>(&line) else { break };
                     let Some(line) = said.get("line").and_then(Value::as_str) else { continue };
                     let (text, quit) = self.client_line(&mut client, line, &mut news).await;
@@ -400,6 +416,7 @@ impl Hub {
                 }
             }
         }
+        reader.abort();
         *self.last_client.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
         self.clients.fetch_sub(1, Ordering::AcqRel);
     }
@@ -515,8 +532,11 @@ impl Hub {
     }
 
     /// `interrupt`: the selected ranks of `mesh` that run on the debug
-    /// engine stop at their next epoch tick; waits for them to pause (at
-    /// most [`ANSWER_WAIT`]) and says where each stopped.
+    /// engine and are not paused stop at their next epoch tick; waits for
+    /// them to pause (at most [`INTERRUPT_WAIT`]) and says where each
+    /// stopped. A rank that has not stopped by then runs none of its own
+    /// code (it is idle, or waits in a host call): its interrupt is
+    /// withdrawn, so that it does not stop at some later message.
     async fn interrupt(
         &self,
         mesh: &str,
@@ -525,15 +545,20 @@ impl Hub {
     ) -> String {
         // News from before is not the answer.
         while news.try_recv().is_ok() {}
-        let ranks = self.engine.interrupt(mesh, selection);
-        if ranks.is_empty() {
+        let (ranks, paused) = self
+            .engine
+            .interrupt(mesh, selection, |rank| self.find(mesh, rank).is_some());
+        if ranks.is_empty() && paused.is_empty() {
             return format!(
                 "*** no rank of `{mesh}` in {selection} runs on the debug engine (start the run with --debug)\n"
             );
         }
+        let mut said: BTreeMap<u32, String> = paused
+            .iter()
+            .map(|rank| (*rank, "is paused already".to_string()))
+            .collect();
         let mut left: std::collections::BTreeSet<u32> = ranks.iter().copied().collect();
-        let mut stopped: BTreeMap<u32, String> = BTreeMap::new();
-        let until = tokio::time::Instant::now() + ANSWER_WAIT;
+        let until = tokio::time::Instant::now() + INTERRUPT_WAIT;
         while !left.is_empty() {
             let item = tokio::select! {
                 item = news.recv() => item,
@@ -546,7 +571,7 @@ impl Hub {
                         && p.hello.mesh == mesh
                         && left.remove(&p.hello.rank)
                     {
-                        stopped.insert(
+                        said.insert(
                             p.hello.rank,
                             format!("stopped at {} in {}", p.hello.location, p.hello.function),
                         );
@@ -556,17 +581,16 @@ impl Hub {
                 _ => {}
             }
         }
-        for rank in left {
-            let why = match self.find(mesh, rank) {
-                Some(_) => "is paused already; it stops again at its next epoch tick once resumed",
-                None => {
-                    "has not stopped: it is not running its own code; it stops when it next does"
-                }
-            };
-            stopped.insert(rank, why.to_string());
+        let idle: Vec<u32> = left.into_iter().collect();
+        self.engine.withdraw_interrupt(mesh, &idle);
+        for rank in idle {
+            said.insert(
+                rank,
+                "runs none of its own code (idle, or waiting in a host call): nothing to interrupt"
+                    .to_string(),
+            );
         }
-        stopped
-            .iter()
+        said.iter()
             .map(|(rank, what)| format!("[{mesh} {rank}] {what}\n"))
             .collect()
     }

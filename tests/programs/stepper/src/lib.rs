@@ -154,7 +154,10 @@ async fn main(args: Vec<String>) -> Result<(), String> {
             Ok(())
         }
         Some("bench") => {
-            let n = args.get(1).and_then(|n| n.parse().ok()).unwrap_or(10_000_000);
+            let n = args
+                .get(1)
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(10_000_000);
             let started = std::time::Instant::now();
             workers.call(&Busy { n }).await.map_err(|e| e.to_string())?;
             println!(
@@ -164,7 +167,10 @@ async fn main(args: Vec<String>) -> Result<(), String> {
             Ok(())
         }
         _ => {
-            let values = workers.call(&Work { x: 7 }).await.map_err(|e| e.to_string())?;
+            let values = workers
+                .call(&Work { x: 7 })
+                .await
+                .map_err(|e| e.to_string())?;
             println!("results: {:?}", values.values());
             println!("spinning");
             monarch_guest::set_call_timeout(std::time::Duration::from_secs(3600));
