@@ -99,10 +99,21 @@ pub async fn run_program_with(
     }
     .map_err(|e| RunError::Host(format!("{e:#}")))?;
     engine::start_epoch_ticker(&engine);
-    let mut prepared = Prepared::new(&engine, path, bytes)?;
-    for (name, library) in libraries {
-        prepared.add_library(name, library)?;
-    }
+    // Compiling takes seconds for a large program: off this thread, so
+    // that the run's other tasks (its debug hub) answer meanwhile.
+    let prepared = {
+        let (engine, path) = (engine.clone(), path.to_path_buf());
+        let libraries = libraries.to_vec();
+        tokio::task::spawn_blocking(move || {
+            let mut prepared = Prepared::new(&engine, &path, bytes)?;
+            for (name, library) in &libraries {
+                prepared.add_library(name, library)?;
+            }
+            Ok::<_, RunError>(prepared)
+        })
+        .await
+        .map_err(|e| RunError::Host(format!("loading the program panicked: {e}")))??
+    };
     tracing::info!(
         sha256 = %prepared.sha256(),
         cached = prepared.cached,

@@ -615,7 +615,7 @@ fn utc(secs: u64) -> (i64, u32, u32, u32, u32, u32) {
 }
 
 /// `20261202-121501`: a run id's time, sortable.
-fn compact_utc(secs: u64) -> String {
+pub(crate) fn compact_utc(secs: u64) -> String {
     let (y, mo, d, h, mi, s) = utc(secs);
     format!("{y:04}{mo:02}{d:02}-{h:02}{mi:02}{s:02}")
 }

@@ -138,7 +138,20 @@ pub async fn run_local(
     let started = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
-    let id = format!("{}-{}", started.as_secs(), std::process::id());
+    // The run's id is its dump directory's name when it has one, so that
+    // `dumps show RUN` and `debug RUN` name a run alike.
+    let id = sandbox
+        .dumps
+        .as_ref()
+        .and_then(|dumps| dumps.dir.file_name())
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_else(|| {
+            format!(
+                "{}-{}",
+                super::dumps::compact_utc(started.as_secs()),
+                std::process::id()
+            )
+        });
     let token = random_token().map_err(RunError::Host)?;
     let dir = runs_dir();
     std::fs::create_dir_all(&dir)
