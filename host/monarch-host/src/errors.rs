@@ -123,14 +123,22 @@ pub(crate) fn failure(mesh: &str, rank: u32, fault: Fault) -> SupervisionFailure
 }
 
 /// The call error that a request to a failed actor gets: the failure's
-/// kind and words (ER-1).
+/// kind and words, and the endpoint it failed in (ER-1). A request that
+/// reaches the dead actor's proc gets the same error from there, so the
+/// two agree whichever way the race between the failure event and the
+/// request goes.
 pub(crate) fn from_failure(failure: &SupervisionFailure, endpoint: &str) -> CallError {
     CallError {
         kind: failure.kind,
         origin: Some(Origin {
             mesh: failure.mesh.clone(),
             rank: failure.rank,
-            endpoint: Some(endpoint.to_string()),
+            endpoint: Some(
+                failure
+                    .endpoint
+                    .clone()
+                    .unwrap_or_else(|| endpoint.to_string()),
+            ),
         }),
         message: failure.reason.clone(),
         type_name: failure.type_name.clone(),
@@ -194,5 +202,7 @@ mod tests {
         assert_eq!(later.type_name.as_deref(), Some("ValueError"));
         let origin = later.origin.unwrap();
         assert_eq!((origin.mesh.as_str(), origin.rank), ("w", 2));
+        // The endpoint the actor failed in, not the one asked of it later.
+        assert_eq!(origin.endpoint.as_deref(), Some("fail"));
     }
 }
