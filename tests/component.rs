@@ -557,6 +557,26 @@ fn controller_only() {
     }
 }
 
+/// Persistent actor meshes belong to a server (tests/persist.rs runs them
+/// there): a plain run has none, and says so.
+#[test]
+fn persist() {
+    let path = Path::new(env!("GUEST_PERSIST"));
+    let spawned = run(path, &["spawn", "counter", "1"], sandbox());
+    match &spawned.result {
+        Err(RunError::Failed(reason)) => assert!(
+            reason.contains("cannot spawn the persistent actor mesh `counter`")
+                && reason.contains("monarch-host serve"),
+            "{reason}"
+        ),
+        other => panic!("expected the spawn to fail, got {other:?}"),
+    }
+    let looked_up = run(path, &["lookup", "counter"], sandbox());
+    assert!(looked_up.result.is_ok(), "{:?}", looked_up.result);
+    looked_up.assert_logged("lookup failed");
+    looked_up.assert_logged("monarch-host serve");
+}
+
 /// Bytes that are not WebAssembly are refused as such, empty files too.
 #[test]
 fn garbage_is_not_wasm() {
@@ -843,4 +863,101 @@ fn polyglot() {
         );
         assert!(!run.lines_with("polyglot ok").is_empty(), "{run:?}");
     }
+}
+
+/// session-echo: a Rust guest of the `session` world, driven line by line
+/// on one store (its variables persist between inputs), with blocks,
+/// errors, output and Ctrl-C; `run` refuses it, naming the console.
+#[test]
+fn session_echo() {
+    use monarch_host::session::{ConsoleFlag, Input, InputDone, SessionDriver};
+    let path = Path::new(env!("GUEST_SESSION_ECHO"));
+    let refused = run(path, &[], sandbox());
+    match &refused.result {
+        Err(RunError::WrongWorld { reason, .. }) => {
+            assert!(reason.contains("monarch-host console"), "{reason}")
+        }
+        other => panic!("a session is not a program: {other:?}"),
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let log: LogSink = {
+        let lines = lines.clone();
+        Arc::new(move |line: &str| lines.lock().unwrap().push(line.to_string()))
+    };
+    runtime.block_on(async move {
+        let shape = monarch_host::engine::PoolShape::any_program(64, 64 << 20);
+        let engine = monarch_host::engine::pooled_engine(&shape).unwrap();
+        monarch_host::engine::start_epoch_ticker(&engine);
+        let prepared =
+            monarch_host::Prepared::new(&engine, path, std::fs::read(path).unwrap()).unwrap();
+        assert_eq!(prepared.world(), "session");
+        assert!(prepared.is_session());
+        let (inputs, received) = tokio::sync::mpsc::channel(1);
+        let (ready, is_ready) = tokio::sync::oneshot::channel();
+        let console = Arc::new(ConsoleFlag::default());
+        let driver = SessionDriver {
+            args: vec!["a".into(), "b".into()],
+            inputs: received,
+            console: console.clone(),
+            idle_ttl: Duration::from_secs(60),
+            ready: Some(ready),
+        };
+        let session = tokio::spawn(async move {
+            prepared
+                .run_session(
+                    driver,
+                    sandbox(),
+                    log,
+                    monarch_host::Mesh::Fresh,
+                    None,
+                    std::future::pending(),
+                )
+                .await
+        });
+        assert_eq!(is_ready.await.unwrap(), Ok("> ".to_string()));
+        let send = |line: &str| {
+            let inputs = inputs.clone();
+            let line = line.to_string();
+            async move {
+                let (done, result) = tokio::sync::oneshot::channel();
+                inputs.send(Input { line, done }).await.unwrap();
+                match result.await.unwrap() {
+                    InputDone::Ran { result, prompt } => (result, prompt),
+                    InputDone::Ended(why) => panic!("the session ended: {why}"),
+                }
+            }
+        };
+        assert_eq!(send("args").await, (Ok("a b".into()), "> ".into()));
+        assert_eq!(send("set x 5").await.0, Ok(String::new()));
+        assert_eq!(send("set y 7").await.0, Ok(String::new()));
+        assert_eq!(send("sum").await.0, Ok("12".into()));
+        assert_eq!(send("get nope").await.0, Err("no nope".into()));
+        assert_eq!(send("fail").await.0, Err("failed on purpose".into()));
+        assert_eq!(send("get x").await.0, Ok("5".into()), "it goes on");
+        assert_eq!(send("block").await.1, "... ");
+        assert_eq!(send("one").await.1, "... ");
+        assert_eq!(send("two").await.1, "... ");
+        assert_eq!(send("").await, (Ok("2".into()), "> ".into()));
+        assert_eq!(send("print hi").await.0, Ok(String::new()));
+        // Ctrl-C ends a long wait early; the session goes on.
+        let started = Instant::now();
+        let waiting = tokio::spawn(send("wait 60000"));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        console.raise();
+        assert_eq!(waiting.await.unwrap().0, Err("interrupted".into()));
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert_eq!(send("get y").await.0, Ok("7".into()));
+        // Closed when every sender is gone.
+        drop(inputs);
+        session.await.unwrap().unwrap();
+    });
+    assert!(
+        lines.lock().unwrap().iter().any(|line| line == "hi"),
+        "what the session prints is its output, unprefixed: {:?}",
+        lines.lock().unwrap()
+    );
 }

@@ -300,6 +300,23 @@ class HostMesh {
 
 const host = new HostMesh();
 
+/**
+ * The persistent actor mesh `name` (`spawnPersistent`), spawned by an
+ * earlier job or session of this server; `cls`, if given, names its
+ * endpoints as a spawned mesh's. Throws when there is none, or no server.
+ */
+export function lookupActorMesh(name, cls = null) {
+  let resource;
+  try {
+    resource = mesh.lookupActorMesh(name);
+  } catch (e) {
+    throw hostError(e, `lookupActorMesh("${name}")`);
+  }
+  const className = cls === null ? null : typeof cls === "string" ? cls : classNameOf(cls);
+  const known = className === null ? null : classes.get(className);
+  return ActorMesh._wrap(resource, known ? endpointsOf(known) : null, className);
+}
+
 /** The host: `thisHost().spawnProcs({procs: 4})`. */
 export function thisHost() {
   return host;
@@ -345,6 +362,31 @@ export class ProcMesh {
    * dimensions), `handlerTimeoutMs` (each handler's deadline).
    */
   spawnWith(name, cls, options, ...args) {
+    return this._spawn(name, cls, options, args, null);
+  }
+
+  /**
+   * Spawns a persistent actor mesh: the server's (`monarch-host serve`),
+   * not this job's or session's. It outlives them; later ones find it with
+   * `lookupActorMesh(name)`, and `DELETE /v1/meshes/NAME` stops it. Its
+   * failures are the server's (logged, shown by `GET /v1/meshes`) and fail
+   * no job. Its procs must be a persistent mesh's (`submit --mesh NAME`).
+   * A name in use throws, naming `respawn`. `options` as for `spawnWith`.
+   */
+  spawnPersistent(name, cls, options, ...args) {
+    return this._spawn(name, cls, options, args, false);
+  }
+
+  /**
+   * `spawnPersistent` that replaces the persistent actor mesh `name` if
+   * there is one: it is stopped first, and its actors' state is lost.
+   */
+  respawn(name, cls, options, ...args) {
+    return this._spawn(name, cls, options, args, true);
+  }
+
+  /** Spawns; `replace` null: not persistent, else persistent (replacing or not). */
+  _spawn(name, cls, options, args, replace) {
     const className = typeof cls === "string" ? cls : classNameOf(cls);
     if (className === null) {
       throw new TypeError(
@@ -358,9 +400,13 @@ export class ProcMesh {
     };
     let resource;
     try {
-      resource = this._resource.spawnWith(name, className, encodeArgs(args), spawnOptions);
+      resource =
+        replace === null
+          ? this._resource.spawnWith(name, className, encodeArgs(args), spawnOptions)
+          : this._resource.spawnPersistent(name, className, encodeArgs(args), spawnOptions, replace);
     } catch (e) {
-      throw hostError(e, `spawn("${name}", ${className})`);
+      const verb = replace === null ? "spawn" : replace ? "respawn" : "spawnPersistent";
+      throw hostError(e, `${verb}("${name}", ${className})`);
     }
     const known = classes.get(className);
     return ActorMesh._wrap(resource, known ? endpointsOf(known) : null, className);

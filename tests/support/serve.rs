@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 /// The token the test servers are started with.
 pub const TOKEN: &str = "serve-test-token";
 
+/// A second token the test servers accept: another owner.
+pub const OTHER_TOKEN: &str = "serve-test-other-token";
+
 /// A directory removed when dropped.
 pub struct Scratch(pub PathBuf);
 
@@ -44,8 +47,13 @@ impl ServeProcess {
     /// Starts `monarch-host serve` with the token, data in `dir/data`, and
     /// `extra` arguments; waits until it listens.
     pub fn start(dir: &Path, extra: &[&str]) -> ServeProcess {
-        let token_file = dir.join("token");
-        std::fs::write(&token_file, format!("{TOKEN}\n")).expect("the token file");
+        // Clients read `token` (or `other-token`); the server takes both,
+        // one per line.
+        std::fs::write(dir.join("token"), format!("{TOKEN}\n")).expect("the token file");
+        std::fs::write(dir.join("other-token"), format!("{OTHER_TOKEN}\n"))
+            .expect("the token file");
+        let token_file = dir.join("server-tokens");
+        std::fs::write(&token_file, format!("{TOKEN}\n{OTHER_TOKEN}\n")).expect("the token file");
         let port_file = dir.join("port");
         let _ = std::fs::remove_file(&port_file);
         let data = dir.join("data");
@@ -96,6 +104,11 @@ impl ServeProcess {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
     }
 
     /// What the server wrote to stderr.

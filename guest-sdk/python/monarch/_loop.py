@@ -138,13 +138,22 @@ class HostLoop(asyncio.AbstractEventLoop):
                 self._ready.append(timer)
         if self._ready:
             ready, self._ready = self._ready, collections.deque()
-            # Host events may already be waiting: pick them up without
-            # blocking so replies are not starved by busy tasks.
-            if self._source.pending():
-                self._source.wait(0.0)
-            for handle in ready:
-                if not handle._cancelled:
-                    handle._run()
+            try:
+                # Host events may already be waiting: pick them up without
+                # blocking so replies are not starved by busy tasks.
+                if self._source.pending():
+                    self._source.wait(0.0)
+                while ready:
+                    handle = ready.popleft()
+                    if not handle._cancelled:
+                        handle._run()
+            except BaseException:
+                # A KeyboardInterrupt (a session's Ctrl-C) or SystemExit
+                # leaves the loop: what was ready stays ready, first, for
+                # the next time it runs.
+                ready.extend(self._ready)
+                self._ready = ready
+                raise
             return True
         while timers and timers[0]._cancelled:
             heapq.heappop(timers)

@@ -152,6 +152,19 @@ def prepare(module_name, display):
         sys.stdout, sys.stderr = saved
 
 
+def prepare_session(module):
+    """A console session (``monarch._session``) has no script: ``module``,
+    the session's namespace (in its controller) or the one an actor
+    rebuilt the session's classes in, is ``__main__`` and the module of
+    the actor classes named ``__main__:Class``."""
+    global _display, _actor_module
+    _display = "<console>"
+    module.__builtins__ = builtins
+    sys.modules["__mp_main__"] = module
+    sys.modules["__main__"] = module
+    _actor_module = module
+
+
 def run_main(args):
     """The controller: the whole script as ``__main__``. Returns None, or
     the text of why it failed."""

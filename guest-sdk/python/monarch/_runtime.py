@@ -27,6 +27,10 @@ from ._shape import Extent, Point, ValueMesh, selectors
 _pending = {}
 #: Set while the controller's main runs; failures then go to the hook.
 _failures = []
+#: ``monarch._session`` in a console session's component (it sets this when
+#: the component is built): it ships the classes defined in the session to
+#: their actors, and reads Ctrl-C. None in a program.
+_session = None
 
 
 def _kind_name(kind):
@@ -70,6 +74,10 @@ class _HostSource:
             ms = math.ceil(timeout * 1000)
         for event in _wmesh.next_events(256, ms):
             _dispatch(event)
+        if _session is not None:
+            # A session's input stops on Ctrl-C: the host's wait returns
+            # early, and this is a safe point to raise (events dispatched).
+            _session.check_interrupt()
 
 
 _LOOP = HostLoop(_HostSource())
@@ -292,25 +300,60 @@ class ProcMesh:
         """Spawns ``Class(*args, **kwargs)`` on every proc of this mesh; the
         actor mesh is called ``name``. ``Class`` may also be the name of a
         class of an actor library, ``"NAME/Class"`` (``monarch-host run
-        --actors NAME=PATH``), in any language."""
-        return self.spawn_with(name, Class, args, kwargs)
+        --actors NAME=PATH``), in any language. ``persist=True`` makes it
+        a persistent actor mesh, the server's (see ``spawn_with``)."""
+        persist = kwargs.pop("persist", False)
+        return self.spawn_with(name, Class, args, kwargs, persist=persist)
 
-    def spawn_with(self, name, Class, args=(), kwargs=None, per_proc=None, handler_timeout=None):
+    def respawn(self, name, Class, *args, **kwargs):
+        """``spawn(..., persist=True)`` that replaces the persistent actor
+        mesh ``name`` if there is one: it is stopped first, and its actors'
+        state is lost (the host logs so)."""
+        kwargs.pop("persist", None)
+        return self.spawn_with(name, Class, args, kwargs, persist=True, replace=True)
+
+    def spawn_with(
+        self,
+        name,
+        Class,
+        args=(),
+        kwargs=None,
+        per_proc=None,
+        handler_timeout=None,
+        persist=False,
+        replace=False,
+    ):
         """``spawn`` with monarch-host's options: ``per_proc`` puts several
         actors on each proc (``{"actors": 8}``: the actor mesh's extent is
         the proc mesh's followed by these dimensions); ``handler_timeout``
         (seconds) bounds each handler, past which the actor fails with
-        kind ``deadline``."""
+        kind ``deadline``.
+
+        ``persist=True`` spawns a persistent actor mesh: it belongs to the
+        server (``monarch-host serve``), not to this job or session, which
+        it outlives; later ones find it with ``lookup_actor_mesh(name)``,
+        and ``DELETE /v1/meshes/NAME`` stops it. Its failures are the
+        server's: logged and shown by ``GET /v1/meshes``, failing no job.
+        Its procs must outlive the job too (a job on a persistent mesh,
+        ``submit --mesh NAME``). A name in use fails, naming ``respawn``;
+        ``replace=True`` (``respawn``) replaces that mesh, losing its
+        actors' state."""
         key, cls = _class_of(Class)
         init = _encode_args(args, kwargs or {})
+        if _session is not None and cls is not None:
+            key, init = _session.ship_class(cls, key, init)
         options = _wt.SpawnOptions(
             _wit_extent(per_proc or {}),
             None if handler_timeout is None else max(1, round(handler_timeout * 1000)),
         )
         try:
-            handle = self._handle.spawn_with(name, key, init, options)
+            if persist or replace:
+                handle = self._handle.spawn_persistent(name, key, init, options, bool(replace))
+            else:
+                handle = self._handle.spawn_with(name, key, init, options)
         except Err as e:
-            raise RuntimeError(f"spawning {name!r}: {e.value}") from None
+            verb = "respawning" if replace else "spawning"
+            raise RuntimeError(f"{verb} {name!r}: {e.value}") from None
         return ActorMesh(handle, cls, _extent_of(handle.extent()), name)
 
     def info(self):
@@ -338,6 +381,21 @@ class ProcMesh:
 
     def __repr__(self):
         return f"ProcMesh({dict(self._extent)})"
+
+
+def lookup_actor_mesh(name, Class=None):
+    """The persistent actor mesh ``name`` (``spawn(..., persist=True)``),
+    spawned by an earlier job or session of this server. ``Class``, if
+    given, lets the mesh check endpoint names as a spawned mesh does.
+    Raises ``RuntimeError`` when there is none of that name, or no server
+    (``monarch-host run``)."""
+    _program.check_not_building("lookup_actor_mesh")
+    cls = None if Class is None else _class_of(Class)[1]
+    try:
+        handle = _wmesh.lookup_actor_mesh(name)
+    except Err as e:
+        raise RuntimeError(f"looking up {name!r}: {e.value}") from None
+    return ActorMesh(handle, cls, _extent_of(handle.extent()), name)
 
 
 class HostMesh:
@@ -712,6 +770,8 @@ def _resolve_class(key):
 def export_create(class_key_, init, rank, extent):
     global _actor
     try:
+        if _session is not None:
+            class_key_, init = _session.rebuild_class(class_key_, init)
         cls = _resolve_class(class_key_)
         args, kwargs = _codec.decode_args(_DECODER, init)
         ext = _extent_of(extent)

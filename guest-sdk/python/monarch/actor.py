@@ -35,6 +35,7 @@ from ._runtime import (
     current_rank,
     current_size,
     endpoint,
+    lookup_actor_mesh,
     this_host,
     this_proc,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "current_rank",
     "current_size",
     "endpoint",
+    "lookup_actor_mesh",
     "this_host",
     "this_proc",
     "unhandled_fault_hook",

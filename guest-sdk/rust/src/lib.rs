@@ -203,8 +203,8 @@ pub use error::{CallError, EndpointError, ErrorKind, MeshError, Origin, Supervis
 pub use executor::{NextFailure, block_on, next_failure, supervise, take_failures};
 pub use extent::{Dim, Extent, Selector, SliceDim};
 pub use mesh::{
-    ActorMesh, MeshRef, ProcInfo, ProcMesh, ProcState, Reducer, SpawnOptions, set_call_timeout,
-    set_handler_timeout, spawn_procs,
+    ActorMesh, MeshRef, ProcInfo, ProcMesh, ProcState, Reducer, SpawnOptions, lookup_actor_mesh,
+    set_call_timeout, set_handler_timeout, spawn_procs,
 };
 pub use time::{Elapsed, Sleep, sleep, sleep_until, timeout};
 pub use value_mesh::ValueMesh;

@@ -88,6 +88,25 @@ pub fn spawn_procs(extent: &Extent) -> Result<ProcMesh, MeshError> {
         .map_err(|e| MeshError::new(format!("spawning procs ({extent})"), e))
 }
 
+/// The persistent actor mesh `name` ([`ProcMesh::spawn_persistent`]),
+/// spawned by an earlier job or session of this server. Fails when there
+/// is none of that name, or no server (`monarch-host run`). As with
+/// [`ActorMesh::from_ref`], the class is not checked: calls to actors of
+/// another class fail at the actors.
+pub fn lookup_actor_mesh<A: Actor>(name: &str) -> Result<ActorMesh<A>, MeshError> {
+    wit_mesh::lookup_actor_mesh(name)
+        .map(ActorMesh::from_raw)
+        .map_err(|e| {
+            MeshError::new(
+                format!(
+                    "looking up the persistent actor mesh `{name}` ({})",
+                    A::CLASS
+                ),
+                e,
+            )
+        })
+}
+
 /// Sets the timeout for the requests made from now on. A request with no
 /// reply by then ends with a [`CallError`] of kind
 /// [`Timeout`](crate::ErrorKind::Timeout). Until it is set, the host's
@@ -318,6 +337,73 @@ impl ProcMesh {
         let init = codec::encode_args(init).map_err(|e| MeshError::new(what(), e.to_string()))?;
         self.raw
             .spawn_with(name, A::CLASS, &init, &wit::SpawnOptions::from(&options))
+            .map(ActorMesh::from_raw)
+            .map_err(|e| MeshError::new(what(), e))
+    }
+
+    /// Spawns a persistent actor mesh: one that belongs to the server
+    /// (`monarch-host serve`), not to this job or session. It outlives
+    /// them; any later job or session finds it with
+    /// [`lookup_actor_mesh`], and only `DELETE /v1/meshes/NAME` (or the
+    /// server's stop) stops it. Its failures are logged and reported by
+    /// the server (`GET /v1/meshes`); they fail no job.
+    ///
+    /// The procs must outlive this program too: those of a server's
+    /// persistent mesh (a job submitted with `--mesh NAME`). A name in use
+    /// fails, naming [`respawn`](Self::respawn). `name` is 1 to 64
+    /// letters, digits, `-` and `_`.
+    ///
+    /// ```no_run
+    /// # use monarch_guest::prelude::*;
+    /// # struct Counter;
+    /// # impl Actor for Counter {
+    /// #     const CLASS: &'static str = "Counter";
+    /// #     type Init = i64;
+    /// #     fn create(_: i64, _cx: &Context) -> Result<Self, String> { Ok(Counter) }
+    /// #     fn endpoints(_endpoints: &mut Endpoints<Self>) {}
+    /// # }
+    /// # fn example() -> Result<(), monarch_guest::MeshError> {
+    /// let procs = spawn_procs(&extent!(procs = 1))?;
+    /// let counter = procs.spawn_persistent::<Counter>("counter", &0)?;
+    /// // A later job:
+    /// let counter = monarch_guest::lookup_actor_mesh::<Counter>("counter")?;
+    /// # Ok(()) }
+    /// ```
+    pub fn spawn_persistent<A: Actor>(
+        &self,
+        name: &str,
+        init: &A::Init,
+    ) -> Result<ActorMesh<A>, MeshError> {
+        self.spawn_persistent_with(name, init, SpawnOptions::new(), false)
+    }
+
+    /// Like [`spawn_persistent`](Self::spawn_persistent), replacing the
+    /// persistent actor mesh `name` if there is one: it is stopped first,
+    /// and its actors' state is lost (the host logs so).
+    pub fn respawn<A: Actor>(&self, name: &str, init: &A::Init) -> Result<ActorMesh<A>, MeshError> {
+        self.spawn_persistent_with(name, init, SpawnOptions::new(), true)
+    }
+
+    /// [`spawn_persistent`](Self::spawn_persistent) with
+    /// [`SpawnOptions`]; with `replace`, [`respawn`](Self::respawn).
+    pub fn spawn_persistent_with<A: Actor>(
+        &self,
+        name: &str,
+        init: &A::Init,
+        options: SpawnOptions,
+        replace: bool,
+    ) -> Result<ActorMesh<A>, MeshError> {
+        let verb = if replace { "respawning" } else { "spawning" };
+        let what = || format!("{verb} the persistent `{name}` (class {})", A::CLASS);
+        let init = codec::encode_args(init).map_err(|e| MeshError::new(what(), e.to_string()))?;
+        self.raw
+            .spawn_persistent(
+                name,
+                A::CLASS,
+                &init,
+                &wit::SpawnOptions::from(&options),
+                replace,
+            )
             .map(ActorMesh::from_raw)
             .map_err(|e| MeshError::new(what(), e))
     }

@@ -31,6 +31,10 @@ const PYTHON_SDK: &[Bundled] = &[
         include_str!("../../../guest-sdk/python/monarch_program.py"),
     ),
     (
+        "python/monarch_session.py",
+        include_str!("../../../guest-sdk/python/monarch_session.py"),
+    ),
+    (
         "python/monarch/__init__.py",
         include_str!("../../../guest-sdk/python/monarch/__init__.py"),
     ),
@@ -73,6 +77,10 @@ const PYTHON_SDK: &[Bundled] = &[
     (
         "python/monarch/_runtime.py",
         include_str!("../../../guest-sdk/python/monarch/_runtime.py"),
+    ),
+    (
+        "python/monarch/_session.py",
+        include_str!("../../../guest-sdk/python/monarch/_session.py"),
     ),
     (
         "python/monarch/_shape.py",
@@ -419,6 +427,55 @@ pub fn build(app: &Path, out: Option<&Path>, progress: &dyn Fn(&str)) -> Result<
     })
 }
 
+/// The cache's path for the Python session built with `files`: a hash of
+/// the SDK (and of what it is, so that no program's key equals it).
+fn cached_session(cache: &Path, files: &[(String, String)]) -> PathBuf {
+    let mut key = Sha256::new();
+    key.update(b"python-session\0");
+    for (path, text) in files {
+        key.update(path.as_bytes());
+        key.update([0]);
+        key.update(text.as_bytes());
+        key.update([0]);
+    }
+    cache
+        .join("programs")
+        .join(format!("session-{}.wasm", hex(&key.finalize()[..16])))
+}
+
+/// The built-in Python session (`monarch-host console`'s REPL): the SDK's
+/// `monarch_session` module built by componentize-py for the WIT world
+/// `session-program`, so that it is a session and its actors run in
+/// instances of it. Built once per SDK (the one bundled in this binary, or
+/// `MONARCH_SDK_CHECKOUT`'s) into the cache where programs go; later calls
+/// return the cached component at once. `progress` receives lines to show
+/// while a build runs. Returns the component's path.
+pub fn python_session(progress: &dyn Fn(&str)) -> Result<PathBuf, BuildError> {
+    let cache = cache_root()?;
+    let files = language_files(Language::Python)?;
+    let path = cached_session(&cache, &files);
+    if path.exists() {
+        return Ok(path);
+    }
+    let started = Instant::now();
+    let sdk = sdk_dir(&cache, &files)?;
+    progress("building the Python session with componentize-py (about 10 s; cached after)");
+    let python = sdk.join("python");
+    componentize_py(
+        &sdk,
+        "session-program",
+        "monarch_session",
+        &[&python],
+        &path,
+    )?;
+    progress(&format!(
+        "built {} in {:.1} s",
+        path.display(),
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(path)
+}
+
 fn build_python(
     app: &Path,
     program: &[(PathBuf, Vec<u8>)],
@@ -443,7 +500,7 @@ fn build_python(
         })?;
     if matches!(
         module,
-        "monarch" | "monarch_program" | "wit_world" | "_monarch_build"
+        "monarch" | "monarch_program" | "monarch_session" | "wit_world" | "_monarch_build"
     ) {
         return Err(BuildError::Program(vec![format!(
             "{}: the name `{module}` is the SDK's; rename the program",
@@ -470,36 +527,65 @@ fn build_python(
         }
         std::fs::write(&file, bytes).map_err(io_error("copying the program"))?;
     }
-    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .map_err(io_error(format!("creating {}", parent.display())))?;
-    }
-    let partial = out.with_extension("wasm.partial");
-    let tool =
-        std::env::var_os("MONARCH_COMPONENTIZE_PY").unwrap_or_else(|| "componentize-py".into());
     progress(&format!(
         "building {} with componentize-py (about 10 s; cached after)",
         app.display()
     ));
-    let result = Command::new(&tool)
+    let python = sdk.join("python");
+    let result = componentize_py(
+        sdk,
+        "program",
+        "monarch_program",
+        &[&generated, &python, &sources],
+        out,
+    );
+    let _ = std::fs::remove_dir_all(&staging);
+    result
+}
+
+/// Runs componentize-py on `module` of the Python path `paths` for the
+/// WIT `world` of the SDK's WIT, into `out` (written whole, or not at
+/// all). Lines of its output marked `monarch-build-error: ` (the SDK's
+/// reports of the program's errors) become [`BuildError::Program`].
+fn componentize_py(
+    sdk: &Path,
+    world: &str,
+    module: &str,
+    paths: &[&Path],
+    out: &Path,
+) -> Result<(), BuildError> {
+    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .map_err(io_error(format!("creating {}", parent.display())))?;
+    }
+    // Builds of one component may run at once (two sessions starting):
+    // each writes its own partial file, and the last rename wins.
+    static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let partial = out.with_extension(format!(
+        "wasm.{}-{}.partial",
+        std::process::id(),
+        BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let tool =
+        std::env::var_os("MONARCH_COMPONENTIZE_PY").unwrap_or_else(|| "componentize-py".into());
+    let mut command = Command::new(&tool);
+    command
         .arg("-d")
         .arg(sdk.join("wit"))
-        .args(["-w", "program", "componentize", "monarch_program", "-p"])
-        .arg(&generated)
-        .arg("-p")
-        .arg(sdk.join("python"))
-        .arg("-p")
-        .arg(&sources)
+        .args(["-w", world, "componentize", module]);
+    for path in paths {
+        command.arg("-p").arg(path);
+    }
+    let output = command
         .arg("-o")
         .arg(&partial)
         .env_remove("VIRTUAL_ENV")
-        .output();
-    let _ = std::fs::remove_dir_all(&staging);
-    let output = result.map_err(|e| BuildError::Tool {
-        tool: "componentize-py",
-        install: "pip install componentize-py==0.25.1",
-        why: e.to_string(),
-    })?;
+        .output()
+        .map_err(|e| BuildError::Tool {
+            tool: "componentize-py",
+            install: "pip install componentize-py==0.25.1",
+            why: e.to_string(),
+        })?;
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),

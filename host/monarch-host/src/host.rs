@@ -36,7 +36,9 @@ use crate::bindings::{
 use crate::engine::{Placement, Sandbox};
 use crate::errors;
 use crate::mesh::{
-    ActorMeshHandle, MeshBase, ProcMeshHandle, WasmSpawnParams, extent_size, slice, validate_extent,
+    ActorMeshHandle, MeshBase, PersistentActorMesh, PersistentActorMeshes, ProcMeshHandle,
+    WasmSpawnParams, extent_size, persistent_actor_name, slice, validate_extent,
+    validate_persistent_name,
 };
 use crate::output::LineOutput;
 
@@ -67,6 +69,12 @@ impl Interrupt {
     /// Whether it was raised.
     pub fn is_raised(&self) -> bool {
         self.raised.load(Ordering::Acquire)
+    }
+
+    /// Whether it was raised since the last take; lowers it (a session's
+    /// Ctrl-C, read once by the guest).
+    pub fn take(&self) -> bool {
+        self.raised.swap(false, Ordering::AcqRel)
     }
 
     /// Completes once it is raised.
@@ -161,6 +169,12 @@ pub trait MeshObserver: Send + Sync {
     /// A proc or actor of the run's fresh mesh failed or stopped (a
     /// persistent mesh's events go to its owner, not through here).
     fn mesh_event(&self, event: &MeshEvent);
+    /// The server's persistent actor meshes, which the controller spawns
+    /// with `spawn-persistent` and finds with `lookup-actor-mesh`; None
+    /// where there is no server (`monarch-host run`).
+    fn persistent_actors(&self) -> Option<Arc<PersistentActorMeshes>> {
+        None
+    }
 }
 
 /// Procs a job borrows from a persistent mesh: `spawn-procs` hands out
@@ -446,6 +460,9 @@ pub struct HostState {
     pub(crate) debug: crate::debug::pause::ActorDebug,
     /// What the instance shows of its stack when `monarch-host stacks` asks.
     pub(crate) probe: Option<Arc<crate::debug::stacks::Probe>>,
+    /// A session's Ctrl-C (`console.interrupted`); None but in a session's
+    /// controller.
+    pub(crate) console: Option<Arc<crate::session::ConsoleFlag>>,
 }
 
 impl WasiView for HostState {
@@ -550,6 +567,7 @@ impl HostState {
             pace: Pace::new(EVENT_SPIN, EVENT_SPIN_MAX),
             debug: Default::default(),
             probe: None,
+            console: None,
         }
     }
 
@@ -884,6 +902,7 @@ pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
         &mut linker,
         |state| state,
     )?;
+    crate::session::add_to_linker(&mut linker)?;
     Ok(linker)
 }
 
@@ -971,6 +990,11 @@ impl mesh::Host for HostState {
             if !self.ready.is_empty() {
                 break;
             }
+            // A session's Ctrl-C: the guest looks at `console.interrupted`
+            // after this wait (SE-2 of `session`).
+            if self.console.as_ref().is_some_and(|c| c.is_raised()) {
+                break;
+            }
             let now = Instant::now();
             if now >= until {
                 break;
@@ -981,7 +1005,14 @@ impl mesh::Host for HostState {
             }
             let busy = !self.caster.is_idle();
             let events = &mut self.events;
+            let console = self.console.clone();
             tokio::select! {
+                _ = async {
+                    match &console {
+                        Some(flag) => flag.raised().await,
+                        None => std::future::pending().await,
+                    }
+                } => continue,
                 outcome = self.caster.next(), if busy => {
                     if let Some(outcome) = outcome {
                         self.take_outcome(outcome);
@@ -1020,6 +1051,30 @@ impl mesh::Host for HostState {
         self.handler_timeout = timeout_ms.map(|ms| Duration::from_millis(ms.max(1)));
         Ok(())
     }
+
+    async fn lookup_actor_mesh(
+        &mut self,
+        name: String,
+    ) -> wasmtime::Result<Result<Resource<ActorMeshHandle>, String>> {
+        let registry = match self.persistent_actors() {
+            Ok(registry) => registry,
+            Err(e) => return Ok(Err(format!("cannot look up `{name}`: {e}"))),
+        };
+        match registry.get(&name) {
+            Some(mesh) => Ok(Ok(self.push(mesh.handle())?)),
+            None => {
+                let known: Vec<String> = registry.list().iter().map(|m| m.name.clone()).collect();
+                Ok(Err(format!(
+                    "no persistent actor mesh named `{name}` ({}); spawn one with `persist=True` (`spawn-persistent`) from a job on a persistent mesh",
+                    if known.is_empty() {
+                        "there are none".to_string()
+                    } else {
+                        format!("there are {}", known.join(", "))
+                    }
+                )))
+            }
+        }
+    }
 }
 
 impl mesh::HostProcMesh for HostState {
@@ -1052,7 +1107,7 @@ impl mesh::HostProcMesh for HostState {
         class: String,
         init: Vec<u8>,
     ) -> wasmtime::Result<Result<Resource<ActorMeshHandle>, String>> {
-        self.spawn_mesh_with(this, name, class, init, Vec::new(), None)
+        self.spawn_mesh_with(this, name, class, init, Vec::new(), None, false)
             .await
     }
 
@@ -1064,15 +1119,8 @@ impl mesh::HostProcMesh for HostState {
         init: Vec<u8>,
         options: SpawnOptions,
     ) -> wasmtime::Result<Result<Resource<ActorMeshHandle>, String>> {
-        if !options.per_proc.is_empty()
-            && let Err(e) = validate_extent(&options.per_proc)
-        {
-            return Ok(Err(format!("per-proc extent: {e}")));
-        }
-        if options.handler_timeout_ms == Some(0) {
-            return Ok(Err(
-                "a handler timeout of 0 ms lets no handler run; leave it out for none".into(),
-            ));
+        if let Err(e) = check_spawn_options(&options) {
+            return Ok(Err(e));
         }
         self.spawn_mesh_with(
             this,
@@ -1081,6 +1129,7 @@ impl mesh::HostProcMesh for HostState {
             init,
             options.per_proc,
             options.handler_timeout_ms,
+            false,
         )
         .await
     }
@@ -1177,13 +1226,127 @@ impl mesh::HostProcMesh for HostState {
         Ok(())
     }
 
+    async fn spawn_persistent(
+        &mut self,
+        this: Resource<ProcMeshHandle>,
+        name: String,
+        class: String,
+        init: Vec<u8>,
+        options: SpawnOptions,
+        replace: bool,
+    ) -> wasmtime::Result<Result<Resource<ActorMeshHandle>, String>> {
+        let what = if replace { "respawn" } else { "spawn" };
+        let fail = |e: String| {
+            Ok(Err(format!(
+                "cannot {what} the persistent actor mesh `{name}`: {e}"
+            )))
+        };
+        if let Err(e) = check_spawn_options(&options) {
+            return fail(e);
+        }
+        if let Err(e) = validate_persistent_name(&name) {
+            return fail(e);
+        }
+        let registry = match self.persistent_actors() {
+            Ok(registry) => registry,
+            Err(e) => return fail(e),
+        };
+        let owned = self.table.get(&this)?.owned;
+        let Some(attached) = self.cluster.job.attached.clone().filter(|_| !owned) else {
+            return fail(
+                "persist needs procs that outlive this job: run it on a server's persistent mesh (submit --mesh NAME)"
+                    .into(),
+            );
+        };
+        let old = match registry.claim(&name, replace) {
+            Ok(old) => old,
+            Err(e) => return fail(e),
+        };
+        if let Some(old) = old {
+            let why = format!(
+                "the persistent actor mesh `{name}` was replaced by `respawn`; its actors' state was lost"
+            );
+            crate::mesh::stop_persistent(&old, &why).await;
+            (self.cluster.log)(&format!("[{}] {why}", self.who));
+        }
+        let spawned = self
+            .spawn_mesh_with(
+                this,
+                name.clone(),
+                class.clone(),
+                init,
+                options.per_proc,
+                options.handler_timeout_ms,
+                true,
+            )
+            .await;
+        let made = match &spawned {
+            Ok(Ok(handle)) => {
+                let handle = self.table.get(handle)?;
+                let client = self.cluster.client().map_err(wasmtime::Error::msg)?;
+                Some(Arc::new(PersistentActorMesh {
+                    name: name.clone(),
+                    class,
+                    proc_mesh: attached.mesh.clone(),
+                    spawned_by: match attached.scope.strip_prefix('j') {
+                        Some(job) => format!("job {}", job.trim_end_matches('.')),
+                        None => attached.scope.trim_end_matches('.').to_string(),
+                    },
+                    base: handle.base.clone(),
+                    extent: handle.extent.clone(),
+                    client: client.clone(),
+                }))
+            }
+            _ => None,
+        };
+        registry.release(&name, made);
+        match spawned {
+            Ok(Err(e)) => fail(e),
+            other => other,
+        }
+    }
+
     async fn drop(&mut self, this: Resource<ProcMeshHandle>) -> wasmtime::Result<()> {
         self.table.delete(this)?;
         Ok(())
     }
 }
 
+/// Checks the spawn options a guest gave.
+fn check_spawn_options(options: &SpawnOptions) -> Result<(), String> {
+    if !options.per_proc.is_empty()
+        && let Err(e) = validate_extent(&options.per_proc)
+    {
+        return Err(format!("per-proc extent: {e}"));
+    }
+    if options.handler_timeout_ms == Some(0) {
+        return Err("a handler timeout of 0 ms lets no handler run; leave it out for none".into());
+    }
+    Ok(())
+}
+
+/// How long the actors of a persistent actor mesh may run: they outlive
+/// the job that spawned them, so its deadline is not theirs.
+const PERSISTENT_LIFETIME: Duration = Duration::from_secs(10 * 366 * 24 * 3600);
+
 impl HostState {
+    /// The server's persistent actor meshes, or why there are none here.
+    fn persistent_actors(&self) -> Result<Arc<PersistentActorMeshes>, String> {
+        self.cluster
+            .job
+            .observer
+            .as_ref()
+            .and_then(|o| o.persistent_actors())
+            .ok_or_else(|| {
+                "persistent actor meshes are kept by a server (`monarch-host serve`) for the controllers of its jobs and sessions; this is a plain run or an actor, which has none".to_string()
+            })
+    }
+
+    /// Spawns an actor mesh on `this`'s procs. A persistent one (`persist`)
+    /// is named `p.<name>` on them, lives past the job's deadline, and is
+    /// not the instance's: it is not stopped with it, and its failures are
+    /// the server's, not the instance's.
+    #[allow(clippy::too_many_arguments)]
     async fn spawn_mesh_with(
         &mut self,
         this: Resource<ProcMeshHandle>,
@@ -1192,6 +1355,7 @@ impl HostState {
         init: Vec<u8>,
         per_proc: Vec<Dim>,
         handler_timeout_ms: Option<u64>,
+        persist: bool,
     ) -> wasmtime::Result<Result<Resource<ActorMeshHandle>, String>> {
         if let Err(e) = hyperactor::id::validate_name(&name) {
             return Ok(Err(e.to_string()));
@@ -1202,6 +1366,7 @@ impl HostState {
             )));
         }
         let name = match &self.cluster.job.attached {
+            _ if persist => persistent_actor_name(&name),
             Some(attached) => format!("{}{name}", attached.scope),
             None => name,
         };
@@ -1221,10 +1386,11 @@ impl HostState {
         extent.extend(per_proc);
         // A stopped mesh's name may be used again.
         self.spawned.retain(|m| m.state().stopped.is_none());
-        if self
-            .spawned
-            .iter()
-            .any(|m| m.name == name && m.procs.iter().any(|p| procs.contains(p)))
+        if !persist
+            && self
+                .spawned
+                .iter()
+                .any(|m| m.name == name && m.procs.iter().any(|p| procs.contains(p)))
         {
             return Ok(Err(format!(
                 "an actor mesh named `{name}` already runs on these procs"
@@ -1275,11 +1441,14 @@ impl HostState {
             class: class.clone(),
             init,
             memory_bytes: self.cluster.sandbox.memory_bytes,
-            deadline_ms: self
-                .cluster
-                .deadline
-                .saturating_duration_since(Instant::now())
-                .as_millis() as u64,
+            deadline_ms: match persist {
+                true => PERSISTENT_LIFETIME.as_millis() as u64,
+                false => self
+                    .cluster
+                    .deadline
+                    .saturating_duration_since(Instant::now())
+                    .as_millis() as u64,
+            },
             call_timeout_ms: self.cluster.sandbox.call_timeout.as_millis() as u64,
             fanout: self.cluster.sandbox.fanout,
             handler_timeout_ms: handler_timeout_ms.or_else(|| {
@@ -1292,7 +1461,11 @@ impl HostState {
             max_procs: self.cluster.sandbox.max_procs,
             max_instances: self.cluster.sandbox.max_instances,
             dumps: self.cluster.sandbox.dumps.clone(),
-            debug: self.cluster.sandbox.debug.clone(),
+            // A job's debug hub ends with it.
+            debug: match persist {
+                true => None,
+                false => self.cluster.sandbox.debug.clone(),
+            },
             debug_engine: self.cluster.sandbox.debug_engine,
         };
         let dims: Vec<(String, u32)> = extent.iter().map(|d| (d.name.clone(), d.size)).collect();
@@ -1318,6 +1491,15 @@ impl HostState {
                 "did not start",
                 &format!("of class `{class}` did not start"),
             )));
+        }
+        if persist {
+            let base = MeshBase {
+                persistent: true,
+                ..MeshBase::new(name, procs, per)
+            };
+            let ranks = (0..extent_size(&extent) as u32).collect();
+            let handle = ActorMeshHandle::new(Arc::new(base), extent, ranks);
+            return Ok(Ok(self.push(handle)?));
         }
         if let Some(observer) = &self.cluster.job.observer {
             observer.actors_spawned(&name, &class, &procs, per);
@@ -1441,6 +1623,15 @@ impl mesh::HostActorMesh for HostState {
 
     async fn stop(&mut self, this: Resource<ActorMeshHandle>) -> wasmtime::Result<()> {
         let base = self.table.get(&this)?.base.clone();
+        if base.persistent {
+            // It belongs to the server: only its DELETE stops it.
+            let name = base.name.strip_prefix("p.").unwrap_or(&base.name);
+            (self.cluster.log)(&format!(
+                "[{}] `stop` leaves the persistent actor mesh `{name}` running: it belongs to the server; DELETE /v1/meshes/{name} stops it (warning)",
+                self.who
+            ));
+            return Ok(());
+        }
         base.state().stopped = Some(format!("the actor mesh `{}` was stopped", base.name));
         if let Ok(client) = self.cluster.client() {
             self.cluster
@@ -1468,6 +1659,15 @@ impl mesh::HostActorMesh for HostState {
                     .find(|b| b.name == mesh.base.name && b.procs == mesh.base.procs)
                 {
                     mesh.base = base.clone();
+                } else if let Some(persistent) = mesh
+                    .base
+                    .name
+                    .strip_prefix("p.")
+                    .and_then(|name| self.persistent_actors().ok()?.get(name))
+                    .filter(|p| p.base.procs == mesh.base.procs)
+                {
+                    // So is one to a persistent actor mesh of the server.
+                    mesh.base = persistent.base.clone();
                 }
                 Ok(Ok(self.push(mesh)?))
             }

@@ -24,6 +24,7 @@
 
 pub mod bindings;
 pub mod build;
+pub mod console;
 pub mod debug;
 pub mod engine;
 mod errors;
@@ -37,6 +38,7 @@ pub mod wasm_actor;
 mod run;
 
 pub mod serve;
+pub mod session;
 
 pub use engine::{DirGrant, Grants, LoadError, Loaded, Placement, Sandbox, parse_env};
 pub use host::{AttachedProcs, MeshObserver};

@@ -54,6 +54,16 @@ enum Command {
     Submit(serve_cli::SubmitArgs),
     /// Lists a server's newest jobs.
     Jobs(serve_cli::JobsArgs),
+    /// An interactive session on a server (a Python REPL unless
+    /// --component says otherwise) whose variables, meshes and actors
+    /// outlive the console: Ctrl-D detaches, --session NAME attaches again.
+    /// Without --server the session runs in this process.
+    ///
+    /// Example: monarch-host console --server http://10.0.0.1:7171 --session train
+    Console(monarch_host::console::ConsoleArgs),
+    /// Lists a server's console sessions: name, job, owner, state, idle
+    /// time, idle TTL and actor meshes.
+    Sessions(monarch_host::console::SessionsArgs),
     /// Prints a job's log, following it until the job ends; exits 0 only
     /// if the job succeeded.
     Logs(serve_cli::JobArgs),
@@ -262,6 +272,8 @@ fn main() -> ExitCode {
         }
         Command::Submit(args) => return serve_cli::submit(args),
         Command::Jobs(args) => return serve_cli::jobs(args),
+        Command::Console(args) => return monarch_host::console::command(args),
+        Command::Sessions(args) => return monarch_host::console::sessions_command(args),
         Command::Logs(args) => return serve_cli::logs(args),
         Command::Cancel(args) => return serve_cli::cancel(args),
         Command::Dumps(args) => return monarch_host::debug::dumps::command(args),

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 
 use hyperactor::ProcId;
-use hyperactor_mesh::CastTarget;
+use hyperactor_mesh::agent::MeshEvent;
+use hyperactor_mesh::client::MeshClient;
+use hyperactor_mesh::{CastTarget, FaultKind};
 
 use hyperactor_mesh::shape::{Extent, Selector, Shape};
 
@@ -32,6 +34,9 @@ pub struct MeshBase {
     pub(crate) per_proc: u32,
     /// What its owner knows happened to it (MS-1).
     pub(crate) state: std::sync::Mutex<MeshState>,
+    /// Whether it is a persistent actor mesh, which belongs to the server
+    /// and which only `DELETE /v1/meshes/NAME` stops.
+    pub(crate) persistent: bool,
 }
 
 /// What happened to an actor mesh, as its owner heard it. A request to a
@@ -53,6 +58,7 @@ impl MeshBase {
             procs,
             per_proc,
             state: Default::default(),
+            persistent: false,
         }
     }
 
@@ -171,6 +177,316 @@ impl ActorMeshHandle {
         let base = Arc::new(MeshBase::new(wire.name, procs, wire.per_proc));
         Ok(ActorMeshHandle::new(base, extent, wire.ranks))
     }
+}
+
+/// The on-proc name of the persistent actor mesh `name`: `p.<name>`. A
+/// job's actor meshes on a persistent mesh's procs are `j<job>.<name>`, and
+/// a persistent name has no `.`, so the two never collide.
+pub(crate) fn persistent_actor_name(name: &str) -> String {
+    format!("p.{name}")
+}
+
+/// Checks the name of a persistent actor mesh: 1 to 64 letters, digits,
+/// `-` and `_` (so that `DELETE /v1/meshes/NAME` can name it), not starting
+/// with `job-` (a job's fresh mesh).
+pub fn validate_persistent_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        && !name.starts_with("job-");
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "bad persistent actor mesh name `{}`: use 1 to 64 letters, digits, `-` and `_`, not starting with `job-`",
+            name.escape_debug()
+        ))
+    }
+}
+
+/// An actor mesh that belongs to the server, not to the job or session
+/// that spawned it (`spawn-persistent`): it runs on the procs of a
+/// persistent proc mesh until `DELETE /v1/meshes/NAME`, the deletion of its
+/// proc mesh, a `respawn`, or the server's stop.
+pub struct PersistentActorMesh {
+    /// The name it was spawned and is looked up under.
+    pub name: String,
+    /// Its actor class.
+    pub class: String,
+    /// The persistent proc mesh its actors run on.
+    pub proc_mesh: String,
+    /// Who spawned it: `job 7`.
+    pub spawned_by: String,
+    /// Its actors; their failures are recorded in its state (MS-1), which
+    /// every handle to it shares.
+    pub(crate) base: Arc<MeshBase>,
+    pub(crate) extent: Vec<Dim>,
+    /// The proc mesh's client, which stops its actors.
+    pub(crate) client: Arc<MeshClient>,
+}
+
+/// What became of one rank of a persistent actor mesh.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PersistentRank {
+    /// The actor's rank.
+    pub rank: u32,
+    /// The rank of its proc in the proc mesh.
+    pub proc: u32,
+    /// `running`, `failed` or `stopped`.
+    pub state: &'static str,
+    /// Why it failed or stopped.
+    pub reason: Option<String>,
+}
+
+impl std::fmt::Debug for PersistentActorMesh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PersistentActorMesh")
+            .field("name", &self.name)
+            .field("class", &self.class)
+            .field("proc_mesh", &self.proc_mesh)
+            .field("base", &self.base)
+            .finish()
+    }
+}
+
+impl PersistentActorMesh {
+    /// A handle to the whole mesh, sharing what is known of it.
+    pub(crate) fn handle(&self) -> ActorMeshHandle {
+        let ranks = (0..extent_size(&self.extent) as u32).collect();
+        ActorMeshHandle::new(self.base.clone(), self.extent.clone(), ranks)
+    }
+
+    /// The mesh's shape, as `name=size` pairs.
+    pub fn extent(&self) -> Vec<(String, u32)> {
+        self.extent
+            .iter()
+            .map(|d| (d.name.clone(), d.size))
+            .collect()
+    }
+
+    /// `running`, `failed` (a rank failed) or `stopped`, and why.
+    pub fn state(&self) -> (&'static str, Option<String>) {
+        let state = self.base.state();
+        if let Some(why) = &state.stopped {
+            return ("stopped", Some(why.clone()));
+        }
+        match state.failed.values().next() {
+            Some(failure) => (
+                "failed",
+                Some(format!("rank {}: {}", failure.rank, failure.reason)),
+            ),
+            None => ("running", None),
+        }
+    }
+
+    /// Each rank's state.
+    pub fn ranks(&self) -> Vec<PersistentRank> {
+        let state = self.base.state();
+        let count = extent_size(&self.extent) as u32;
+        (0..count)
+            .map(|rank| {
+                let (state, reason) = match (&state.stopped, state.failed.get(&rank)) {
+                    (_, Some(failure)) => ("failed", Some(failure.reason.clone())),
+                    (Some(why), None) => ("stopped", Some(why.clone())),
+                    (None, None) => ("running", None),
+                };
+                PersistentRank {
+                    rank,
+                    proc: rank / self.base.per_proc.max(1),
+                    state,
+                    reason,
+                }
+            })
+            .collect()
+    }
+
+    /// Records the failure of `rank` (once), unless the mesh was stopped.
+    fn fail(&self, rank: u32, fault: hyperactor_mesh::Fault) {
+        let failure = crate::errors::failure(&self.base.name, rank, fault);
+        let mut state = self.base.state();
+        if state.stopped.is_some() || state.failed.contains_key(&rank) {
+            return;
+        }
+        tracing::warn!(
+            mesh = %self.name,
+            proc_mesh = %self.proc_mesh,
+            rank,
+            reason = %failure.reason,
+            "an actor of a persistent actor mesh failed; no job fails for it (DELETE /v1/meshes/{} stops the mesh)",
+            self.name
+        );
+        state.failed.insert(rank, failure);
+    }
+}
+
+/// The persistent actor meshes of a server, by name, which every job and
+/// session it runs reaches (through its [`crate::host::MeshObserver`]).
+#[derive(Default)]
+pub struct PersistentActorMeshes {
+    inner: std::sync::Mutex<Registry>,
+}
+
+#[derive(Default)]
+struct Registry {
+    meshes: std::collections::BTreeMap<String, Arc<PersistentActorMesh>>,
+    /// Names being spawned.
+    spawning: std::collections::BTreeSet<String>,
+    /// The names of the server's persistent proc meshes, which an actor
+    /// mesh may not take (`DELETE /v1/meshes/NAME` names either).
+    proc_meshes: std::collections::BTreeSet<String>,
+}
+
+impl PersistentActorMeshes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The mesh `name`.
+    pub fn get(&self, name: &str) -> Option<Arc<PersistentActorMesh>> {
+        self.lock().meshes.get(name).cloned()
+    }
+
+    /// Every mesh, by name.
+    pub fn list(&self) -> Vec<Arc<PersistentActorMesh>> {
+        self.lock().meshes.values().cloned().collect()
+    }
+
+    /// Notes that the persistent proc mesh `name` exists (or no longer).
+    pub fn set_proc_mesh(&self, name: &str, exists: bool) {
+        let mut registry = self.lock();
+        match exists {
+            true => registry.proc_meshes.insert(name.to_string()),
+            false => registry.proc_meshes.remove(name),
+        };
+    }
+
+    /// Claims `name` for a spawn. A mesh of that name fails it, naming
+    /// `respawn`, unless `replace`: then the mesh is taken out and returned,
+    /// for the caller to stop.
+    pub(crate) fn claim(
+        &self,
+        name: &str,
+        replace: bool,
+    ) -> Result<Option<Arc<PersistentActorMesh>>, String> {
+        let mut registry = self.lock();
+        if registry.proc_meshes.contains(name) {
+            return Err(format!(
+                "the name `{name}` is a persistent proc mesh's; give the persistent actor mesh another"
+            ));
+        }
+        if registry.spawning.contains(name) {
+            return Err(format!(
+                "the persistent actor mesh `{name}` is being spawned by another job"
+            ));
+        }
+        let old = match registry.meshes.get(name) {
+            Some(old) if !replace => {
+                return Err(format!(
+                    "a persistent actor mesh named `{name}` exists (class {}, on the mesh `{}`); look it up with `lookup_actor_mesh(\"{name}\")`, or replace it with `respawn`, which loses its actors' state",
+                    old.class, old.proc_mesh
+                ));
+            }
+            Some(_) => registry.meshes.remove(name),
+            None => None,
+        };
+        registry.spawning.insert(name.to_string());
+        Ok(old)
+    }
+
+    /// Ends the spawn that claimed `name`: adds the mesh it made, if any.
+    pub(crate) fn release(&self, name: &str, made: Option<Arc<PersistentActorMesh>>) {
+        let mut registry = self.lock();
+        registry.spawning.remove(name);
+        if let Some(mesh) = made {
+            registry.meshes.insert(name.to_string(), mesh);
+        }
+    }
+
+    /// Takes the mesh `name` out, marks it stopped for `why`, and stops
+    /// its actors.
+    pub async fn stop(&self, name: &str, why: &str) -> Option<Arc<PersistentActorMesh>> {
+        let mesh = self.lock().meshes.remove(name)?;
+        stop_persistent(&mesh, why).await;
+        Some(mesh)
+    }
+
+    /// Takes out the meshes on the proc mesh `proc_mesh` (whose procs
+    /// stop), marking them stopped for `why`.
+    pub fn forget_on(&self, proc_mesh: &str, why: &str) -> Vec<Arc<PersistentActorMesh>> {
+        let mut registry = self.lock();
+        let names: Vec<String> = registry
+            .meshes
+            .iter()
+            .filter(|(_, m)| m.proc_mesh == proc_mesh)
+            .map(|(name, _)| name.clone())
+            .collect();
+        let gone: Vec<Arc<PersistentActorMesh>> = names
+            .iter()
+            .filter_map(|name| registry.meshes.remove(name))
+            .collect();
+        drop(registry);
+        for mesh in &gone {
+            mesh.base
+                .state()
+                .stopped
+                .get_or_insert_with(|| why.to_string());
+            tracing::info!(mesh = %mesh.name, proc_mesh, "persistent actor mesh stopped with its procs");
+        }
+        gone
+    }
+
+    /// Takes an event of the proc mesh `proc_mesh`'s client: a failure of
+    /// an actor or a proc of a persistent actor mesh is logged and recorded
+    /// in the mesh's state (requests to the rank then fail at once). It
+    /// fails no job.
+    pub fn take_event(&self, proc_mesh: &str, event: &MeshEvent) {
+        let meshes: Vec<Arc<PersistentActorMesh>> = self
+            .lock()
+            .meshes
+            .values()
+            .filter(|m| m.proc_mesh == proc_mesh)
+            .cloned()
+            .collect();
+        match event {
+            MeshEvent::ActorFailed { actor, reason } => {
+                let proc = actor.proc_id();
+                if let Some(mesh) = meshes
+                    .iter()
+                    .find(|m| m.base.name == actor.name() && m.base.procs.iter().any(|p| p == proc))
+                {
+                    let fault = hyperactor_mesh::Fault::decode(reason, FaultKind::Trap);
+                    mesh.fail(actor.rank(), fault);
+                }
+            }
+            MeshEvent::ProcStopped { proc, reason } => {
+                for mesh in &meshes {
+                    if let Some(at) = mesh.base.procs.iter().position(|p| p == proc) {
+                        let first = at as u32 * mesh.base.per_proc;
+                        for rank in first..first + mesh.base.per_proc {
+                            let why = format!("proc {proc} {reason}");
+                            mesh.fail(rank, hyperactor_mesh::Fault::new(FaultKind::ProcLost, why));
+                        }
+                    }
+                }
+            }
+            MeshEvent::Log { .. } => {}
+        }
+    }
+}
+
+/// Marks `mesh` stopped for `why` and stops its actors.
+pub(crate) async fn stop_persistent(mesh: &PersistentActorMesh, why: &str) {
+    mesh.base.state().stopped = Some(why.to_string());
+    mesh.client
+        .stop_actors(
+            &mesh.base.procs,
+            &mesh.base.name,
+            std::time::Duration::from_secs(5),
+        )
+        .await;
+    tracing::info!(mesh = %mesh.name, proc_mesh = %mesh.proc_mesh, "persistent actor mesh stopped: {why}");
 }
 
 /// The actor kind of Wasm actors in a proc agent's registry.
@@ -349,6 +665,28 @@ mod tests {
         assert!(err("gpus", WitSelector::Range((0, 2, 0))).contains("step 0"));
         assert!(validate_extent(&dims(&[("a", 2), ("a", 3)])).is_err());
         assert!(validate_extent(&dims(&[("a", 0)])).is_err());
+    }
+
+    #[test]
+    fn persistent_names_are_checked_and_claimed_once() {
+        assert!(validate_persistent_name("counter-1_b").is_ok());
+        for bad in ["", "a.b", "a/b", "job-7", &"x".repeat(65)] {
+            assert!(validate_persistent_name(bad).is_err(), "{bad}");
+        }
+        assert_eq!(persistent_actor_name("counter"), "p.counter");
+        let registry = PersistentActorMeshes::default();
+        assert!(registry.claim("counter", false).unwrap().is_none());
+        let busy = registry.claim("counter", true).unwrap_err();
+        assert!(busy.contains("being spawned"), "{busy}");
+        registry.release("counter", None);
+        assert!(registry.get("counter").is_none());
+        assert!(registry.claim("counter", false).unwrap().is_none());
+        registry.release("counter", None);
+        registry.set_proc_mesh("workers", true);
+        let taken = registry.claim("workers", false).unwrap_err();
+        assert!(taken.contains("persistent proc mesh"), "{taken}");
+        registry.set_proc_mesh("workers", false);
+        assert!(registry.claim("workers", false).is_ok());
     }
 
     #[test]

@@ -56,6 +56,9 @@ pub enum RunError {
     /// The run was cancelled.
     #[error("cancelled: {0}")]
     Cancelled(String),
+    /// A session had no input for its idle TTL, and was closed.
+    #[error("the session was idle for {} s (its idle TTL) and was closed", .0.as_secs_f64())]
+    Idle(std::time::Duration),
 }
 
 /// Loads the program at `path` and runs its controller with `args`; guest
@@ -141,6 +144,8 @@ pub struct Prepared {
     libraries: std::collections::BTreeMap<String, ProgramBytes>,
     /// Whether the compiled form came from the cache.
     pub cached: bool,
+    /// Whether it exports the `session` world's functions.
+    session: bool,
 }
 
 /// How a prepared component is entered.
@@ -149,15 +154,30 @@ enum Entry {
     Program(ProgramPre<HostState>),
     /// The `controller` world: `run` only.
     Controller(InstancePre<HostState>),
+    /// The `session` world: `init`, `on-input` and `prompt`, no `run`.
+    Session(InstancePre<HostState>),
+}
+
+/// What a run does with its controller once it is instantiated.
+pub enum Drive {
+    /// Calls `run` with these arguments.
+    Main(Vec<String>),
+    /// Calls `init`, then `on-input` per line (the `session` world).
+    Session(crate::session::SessionDriver),
 }
 
 /// Whether `component` exports a function `run` (the `controller` world).
 fn exports_run(component: &Component) -> bool {
+    exports_func(component, "run")
+}
+
+/// Whether `component` exports a function named `func`.
+fn exports_func(component: &Component, func: &str) -> bool {
     let engine = component.engine();
     component
         .component_type()
         .exports(engine)
-        .any(|(name, item)| name == "run" && matches!(item.ty, ComponentItem::ComponentFunc(_)))
+        .any(|(name, item)| name == func && matches!(item.ty, ComponentItem::ComponentFunc(_)))
 }
 
 /// The type of `run`: `func(args: list<string>) -> result<_, string>`.
@@ -215,14 +235,17 @@ impl Prepared {
             .map_err(wrong_world)?;
         // A `program` exports `run` and `actor-class`; a `controller` only
         // `run`.
+        let session = exports_func(&loaded.component, "on-input");
         let entry = match ProgramPre::new(pre.clone()) {
             Ok(program) => Entry::Program(program),
             Err(_) if exports_run(&loaded.component) => Entry::Controller(pre),
+            Err(_) if session => Entry::Session(pre),
             Err(e) => return Err(wrong_world(e)),
         };
         Ok(Prepared {
             engine: engine.clone(),
             entry,
+            session,
             program: ProgramBytes::in_memory(loaded.sha256, loaded.footprint.needs, bytes),
             cached: loaded.cached,
             libraries: Default::default(),
@@ -234,12 +257,47 @@ impl Prepared {
         &self.program.sha256
     }
 
-    /// The WIT world the component fits: `program` or `controller`.
+    /// The WIT world the component fits: `program`, `controller`,
+    /// `session-program` or `session`.
     pub fn world(&self) -> &'static str {
-        match self.entry {
-            Entry::Program(_) => "program",
-            Entry::Controller(_) => "controller",
+        match (&self.entry, self.session) {
+            (Entry::Program(_), false) => "program",
+            (Entry::Program(_), true) => "session-program",
+            (Entry::Controller(_), _) => "controller",
+            (Entry::Session(_), _) => "session",
         }
+    }
+
+    /// Whether it is a session (the `session` world): `run_session`
+    /// drives it.
+    pub fn is_session(&self) -> bool {
+        self.session
+    }
+
+    /// Runs the component as a session on `mesh`, driven by `driver`,
+    /// until it is closed (every input sender dropped), idles out, traps,
+    /// or `cancel` completes; what it spawned is stopped before this
+    /// returns. See [`crate::session`].
+    pub async fn run_session(
+        &self,
+        driver: crate::session::SessionDriver,
+        sandbox: Sandbox,
+        log: LogSink,
+        mesh: Mesh,
+        observer: Option<Arc<dyn MeshObserver>>,
+        cancel: impl std::future::Future<Output = String>,
+    ) -> Result<(), RunError> {
+        if !self.session {
+            return Err(RunError::WrongWorld {
+                path: "the component".into(),
+                reason: format!(
+                    "it is a `{}`, not a session: it exports no `on-input` (the WIT world `monarch:host/session`)",
+                    self.world()
+                ),
+            });
+        }
+        self.drive(Drive::Session(driver), sandbox, log, mesh, observer, cancel)
+            .await
     }
 
     /// Runs the controller with `args` on `mesh`, until `run` returns, the
@@ -248,6 +306,26 @@ impl Prepared {
     pub async fn run(
         &self,
         args: &[String],
+        sandbox: Sandbox,
+        log: LogSink,
+        mesh: Mesh,
+        observer: Option<Arc<dyn MeshObserver>>,
+        cancel: impl std::future::Future<Output = String>,
+    ) -> Result<(), RunError> {
+        self.drive(
+            Drive::Main(args.to_vec()),
+            sandbox,
+            log,
+            mesh,
+            observer,
+            cancel,
+        )
+        .await
+    }
+
+    async fn drive(
+        &self,
+        drive: Drive,
         sandbox: Sandbox,
         log: LogSink,
         mesh: Mesh,
@@ -278,7 +356,7 @@ impl Prepared {
         let live = sandbox.live.clone();
         let actor_classes = match &self.entry {
             Entry::Program(pre) => Some(pre.clone()),
-            Entry::Controller(_) => None,
+            Entry::Controller(_) | Entry::Session(_) => None,
         };
         let cluster = Cluster::for_job(
             self.engine.clone(),
@@ -317,11 +395,13 @@ impl Prepared {
         let mailbox = client.mailbox().clone();
         // A server's job prints into its log; a run from the command line
         // prints to the terminal as any program does.
-        let output = cluster
-            .job
-            .observer
-            .is_some()
-            .then(|| "[controller] ".to_string());
+        let session = matches!(drive, Drive::Session(_));
+        let output = match (session, cluster.job.observer.is_some()) {
+            // What a session prints is its user's output, shown as printed.
+            (true, _) => Some(String::new()),
+            (false, true) => Some("[controller] ".to_string()),
+            (false, false) => None,
+        };
         let mut state = HostState::new(cluster.clone(), &mailbox, "controller".into(), output);
         state.watch(client.subscribe());
         state.slot = slot;
@@ -337,6 +417,32 @@ impl Prepared {
                 Some(exit) => RunError::Exit(exit.0),
                 None => RunError::Trap(crate::wasm_actor::trap_text(&e)),
             };
+            let args = match drive {
+                Drive::Main(args) => args,
+                Drive::Session(driver) => {
+                    let instance = match &self.entry {
+                        Entry::Program(pre) => {
+                            pre.instance_pre().instantiate_async(&mut store).await
+                        }
+                        Entry::Controller(pre) | Entry::Session(pre) => {
+                            pre.instantiate_async(&mut store).await
+                        }
+                    }
+                    .map_err(trapped)?;
+                    return match crate::session::drive(&mut store, &instance, driver).await {
+                        Ok(crate::session::Ended::Closed) => Ok(()),
+                        Ok(crate::session::Ended::Idle(ttl)) => Err(RunError::Idle(ttl)),
+                        Err(crate::session::LoopError::WrongWorld(reason)) => {
+                            Err(RunError::WrongWorld {
+                                path: "the component".into(),
+                                reason,
+                            })
+                        }
+                        Err(crate::session::LoopError::Init(e)) => Err(RunError::Failed(e)),
+                        Err(crate::session::LoopError::Trap(trap)) => Err(trapped(trap)),
+                    };
+                }
+            };
             let result = match &self.entry {
                 Entry::Program(pre) => {
                     let program: Program =
@@ -344,7 +450,13 @@ impl Prepared {
                     if let Some(debugger) = &debugger {
                         debugger.begin_export(&mut store);
                     }
-                    program.call_run(&mut store, args).await.map_err(trapped)?
+                    program.call_run(&mut store, &args).await.map_err(trapped)?
+                }
+                Entry::Session(_) => {
+                    return Err(RunError::WrongWorld {
+                        path: "the component".into(),
+                        reason: "it is a session (the WIT world `monarch:host/session`): it exports no `run`; open it with `monarch-host console`".into(),
+                    });
                 }
                 Entry::Controller(pre) => {
                     let instance = pre.instantiate_async(&mut store).await.map_err(trapped)?;
@@ -357,10 +469,7 @@ impl Prepared {
                     if let Some(debugger) = &debugger {
                         debugger.begin_export(&mut store);
                     }
-                    let (result,) = run
-                        .call_async(&mut store, (args.to_vec(),))
-                        .await
-                        .map_err(trapped)?;
+                    let (result,) = run.call_async(&mut store, (args,)).await.map_err(trapped)?;
                     result
                 }
             };

@@ -55,6 +55,11 @@ pub struct ServeArgs {
     /// granted path cannot lead out of it; a missing one stops the server.
     #[arg(long = "allow-dir", value_name = "DIR")]
     allow_dirs: Vec<PathBuf>,
+    /// How long a console session may sit without input before it is
+    /// closed (and what it spawned stopped), unless it asks for its own
+    /// (`console --idle-ttl`): seconds, or 90s, 30m, 8h, 2d.
+    #[arg(long, default_value = "8h", value_name = "DURATION", value_parser = monarch_host::console::parse_duration)]
+    session_idle_ttl: Duration,
 }
 
 fn parse_mesh(text: &str) -> Result<(String, u32), String> {
@@ -198,6 +203,7 @@ pub fn serve(args: ServeArgs) -> ExitCode {
     config.token = token;
     config.meshes = args.meshes;
     config.allowed_dirs = args.allow_dirs;
+    config.session_idle_ttl = args.session_idle_ttl;
     config.max_running_jobs = args.max_jobs as usize;
     config.max_upload_bytes = args.max_upload_mib << 20;
     config.max_log_bytes = args.max_log_mib << 20;

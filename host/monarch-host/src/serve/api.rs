@@ -333,9 +333,147 @@ pub struct MeshInfo {
     pub actors: Vec<ActorsInfo>,
 }
 
+/// A persistent actor mesh (`spawn(..., persist=True)`): it belongs to the
+/// server, not to the job that spawned it; later jobs and sessions find it
+/// with `lookup_actor_mesh(name)`, and `DELETE /v1/meshes/{name}` stops it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ActorMeshInfo {
+    /// Its name (letters, digits, `-` and `_`).
+    pub name: String,
+    /// Its actor class.
+    pub class: String,
+    /// The persistent mesh whose procs it runs on.
+    pub mesh: String,
+    /// Who spawned it (`job 7`).
+    pub spawned_by: String,
+    /// Its shape, as `[name, size]` pairs.
+    pub extent: Vec<(String, u32)>,
+    /// `running`, `failed` (a rank failed; the mesh runs on, and no job
+    /// fails for it) or `stopped`.
+    pub state: String,
+    /// Why it failed (its first failed rank) or stopped.
+    pub reason: Option<String>,
+    /// Its ranks.
+    pub ranks: Vec<RankInfo>,
+}
+
 /// Meshes.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct MeshList {
     /// Persistent meshes first, by name, then fresh ones.
     pub meshes: Vec<MeshInfo>,
+    /// Persistent actor meshes, by name.
+    #[serde(default)]
+    pub actor_meshes: Vec<ActorMeshInfo>,
 }
+
+/// What `DELETE /v1/meshes/{name}` stopped: a persistent mesh (with the
+/// persistent actor meshes on it), or a persistent actor mesh.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum StoppedMesh {
+    /// A persistent mesh of procs.
+    Procs(MeshInfo),
+    /// A persistent actor mesh.
+    Actors(ActorMeshInfo),
+}
+
+/// A request to open a console session (`POST /v1/sessions`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct SessionRequest {
+    /// Its name (letters, digits, `-`, `_`, `.`; at most 64); a free one
+    /// (`s<job>`) when absent. A name in use by an active session is a
+    /// 409.
+    pub name: Option<String>,
+    /// The component that runs it: an uploaded component of the
+    /// `session` (or `session-program`) world; the built-in Python REPL
+    /// when absent.
+    pub component: Option<String>,
+    /// The persistent mesh its procs come from (`serve --mesh`); fresh
+    /// procs, stopped with the session, when absent.
+    pub mesh: Option<String>,
+    /// Seconds without input after which it is closed; the server's
+    /// default (`serve --session-idle-ttl`, 8 h) when absent.
+    pub idle_ttl_s: Option<u64>,
+    /// Arguments of its `init`.
+    pub args: Vec<String>,
+    /// Limits of its instances, as a job's.
+    pub limits: Option<PartialLimits>,
+}
+
+/// A console session.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SessionInfo {
+    /// Its name.
+    pub name: String,
+    /// The job it runs as (its log, stacks and dumps are the job's).
+    pub job: u64,
+    /// Who owns it: a fingerprint of the token that opened it (the first
+    /// 12 hex digits of its sha256), or `-` on a server without tokens.
+    pub owner: String,
+    /// `starting`, `active`, `closed`, `expired`, `failed` or `lost`.
+    pub state: String,
+    /// Why it ended, for an ended one.
+    pub reason: Option<String>,
+    /// The persistent mesh it runs on, if any.
+    pub mesh: Option<String>,
+    /// The actor meshes it has spawned and not stopped.
+    pub meshes: Vec<String>,
+    /// Seconds since its last input (or its start).
+    pub idle_s: u64,
+    /// Its idle TTL, in seconds.
+    pub idle_ttl_s: u64,
+    /// Whether an input is running.
+    pub busy: bool,
+    /// The prompt for its next line.
+    pub prompt: String,
+    /// When it was opened.
+    pub created_at_ms: i64,
+}
+
+/// Sessions, newest first.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SessionList {
+    /// Active ones, then ended ones.
+    pub sessions: Vec<SessionInfo>,
+}
+
+/// One line for a session (`POST /v1/sessions/{name}/input`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InputRequest {
+    /// The line, without its newline.
+    pub line: String,
+}
+
+/// What an input came to; the same travels on the session's stream as a
+/// `result` event, after the output the input printed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct InputReply {
+    /// The input's number in the session, from 1.
+    pub seq: u64,
+    /// Text to show (an expression's value); empty for none.
+    pub output: Option<String>,
+    /// An error to show (a traceback); the session goes on.
+    pub error: Option<String>,
+    /// The prompt for the next line.
+    pub prompt: String,
+}
+
+/// The first event of a session's stream (`GET /v1/sessions/{name}/stream`):
+/// what was printed since the last input began, then live `out` lines,
+/// `result`s and, when it ends, `end`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SessionHello {
+    /// The session.
+    pub session: SessionInfo,
+    /// Lines printed since its last input began (at most the last
+    /// [`REPLAY_LINES`]).
+    pub replay: Vec<String>,
+    /// Whether older lines were dropped from `replay`.
+    pub truncated: bool,
+}
+
+/// How many lines a session keeps for a re-attaching console.
+pub const REPLAY_LINES: usize = 10_000;

@@ -145,6 +145,103 @@ impl ApiClient {
         Ok(list.meshes)
     }
 
+    /// Opens a console session.
+    pub async fn open_session(&self, request: &SessionRequest) -> Result<SessionInfo, String> {
+        // Opening builds and compiles the built-in REPL the first time.
+        let request = self
+            .streams
+            .post(format!("{}/v1/sessions", self.base))
+            .json(request);
+        self.send(self.authorized(request)).await
+    }
+
+    /// Session `name`; Err with the server's words, and the status (404
+    /// none, 403 another token's, 410 ended).
+    pub async fn session(&self, name: &str) -> Result<SessionInfo, (Option<StatusCode>, String)> {
+        let response = self
+            .request(Method::GET, &format!("/v1/sessions/{name}"))
+            .send()
+            .await
+            .map_err(|e| (None, self.unreachable(e)))?;
+        let status = response.status();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| (None, format!("the server's answer was cut off: {e}")))?;
+        if !status.is_success() {
+            return Err((Some(status), error_text(status, &body)));
+        }
+        serde_json::from_slice(&body).map_err(|e| {
+            (
+                None,
+                format!("the server's answer is not what this client expects: {e}"),
+            )
+        })
+    }
+
+    /// Sessions, running then ended.
+    pub async fn sessions(&self) -> Result<Vec<SessionInfo>, String> {
+        let list: SessionList = self.send(self.request(Method::GET, "/v1/sessions")).await?;
+        Ok(list.sessions)
+    }
+
+    /// Closes session `name`.
+    pub async fn close_session(&self, name: &str) -> Result<SessionInfo, String> {
+        self.send(self.request(Method::DELETE, &format!("/v1/sessions/{name}")))
+            .await
+    }
+
+    /// Runs `line` in session `name`, waiting as long as it runs.
+    pub async fn input(&self, name: &str, line: &str) -> Result<InputReply, String> {
+        let request = self
+            .streams
+            .post(format!("{}/v1/sessions/{name}/input", self.base))
+            .json(&InputRequest {
+                line: line.to_string(),
+            });
+        self.send(self.authorized(request)).await
+    }
+
+    /// Ctrl-C for session `name`'s running input.
+    pub async fn interrupt(&self, name: &str) -> Result<SessionInfo, String> {
+        self.send(self.request(Method::POST, &format!("/v1/sessions/{name}/interrupt")))
+            .await
+    }
+
+    /// Attaches to session `name`: its event stream (`hello`, then `out`,
+    /// `result`, `end`), to read with [`SseParser`].
+    pub async fn session_stream(&self, name: &str) -> Result<reqwest::Response, String> {
+        self.open_stream(&format!("/v1/sessions/{name}/stream"))
+            .await
+    }
+
+    /// Job `id`'s log as a stream of `log` events (then `end`).
+    pub async fn log_stream(&self, id: u64) -> Result<reqwest::Response, String> {
+        self.open_stream(&format!("/v1/jobs/{id}/logs")).await
+    }
+
+    async fn open_stream(&self, path: &str) -> Result<reqwest::Response, String> {
+        let request = self.streams.get(format!("{}{path}", self.base));
+        let response = self
+            .authorized(request)
+            .send()
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        if !response.status().is_success() {
+            let status = response.status();
+            let body = response.bytes().await.unwrap_or_default();
+            return Err(error_text(status, &body));
+        }
+        Ok(response)
+    }
+
+    fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
     /// Follows job `id`'s log from its first line, handing each line to
     /// `line`, until the job ends; returns how it ended.
     pub async fn follow_logs(&self, id: u64, mut line: impl FnMut(&str)) -> Result<LogEnd, String> {

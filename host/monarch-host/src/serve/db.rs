@@ -70,6 +70,12 @@ impl Db {
         )
         .map_err(db_err)?;
         migrate(&conn)?;
+        conn.execute(
+            "UPDATE sessions SET state = 'lost', reason = ?1, ended_at_ms = ?2
+             WHERE state = 'active'",
+            params![RESTARTED, now_ms()],
+        )
+        .map_err(db_err)?;
         let interrupted = conn
             .execute(
                 "UPDATE jobs SET status = 'failed', error = ?1, finished_at_ms = ?2
@@ -87,6 +93,76 @@ impl Db {
 
     fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records a new session, running as `job`; false when a session of
+    /// that name is active already (an ended one's row is replaced).
+    pub(crate) fn insert_session(&self, row: &SessionRow) -> Result<bool> {
+        let conn = self.conn();
+        let active: Option<String> = conn
+            .query_row(
+                "SELECT state FROM sessions WHERE name = ?1",
+                params![row.name],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(db_err)?;
+        if active.as_deref() == Some("active") {
+            return Ok(false);
+        }
+        conn.execute(
+            "INSERT OR REPLACE INTO sessions
+             (name, job, owner, mesh, idle_ttl_s, state, reason, created_at_ms, ended_at_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, 'active', NULL, ?6, NULL)",
+            params![
+                row.name,
+                row.job as i64,
+                row.owner,
+                row.mesh,
+                row.idle_ttl_s as i64,
+                row.created_at_ms
+            ],
+        )
+        .map_err(db_err)?;
+        Ok(true)
+    }
+
+    /// Marks session `name` ended, with `state` and why.
+    pub(crate) fn end_session(&self, name: &str, state: &str, reason: &str) -> Result<()> {
+        self.conn()
+            .execute(
+                "UPDATE sessions SET state = ?2, reason = ?3, ended_at_ms = ?4
+                 WHERE name = ?1 AND state = 'active'",
+                params![name, state, reason, now_ms()],
+            )
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    /// Session `name`, active or ended.
+    pub(crate) fn session(&self, name: &str) -> Result<Option<SessionRow>> {
+        self.conn()
+            .query_row(
+                &format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE name = ?1"),
+                params![name],
+                session_row,
+            )
+            .optional()
+            .map_err(db_err)
+    }
+
+    /// The newest `limit` sessions, active or ended.
+    pub(crate) fn sessions(&self, limit: usize) -> Result<Vec<SessionRow>> {
+        let conn = self.conn();
+        let mut statement = conn
+            .prepare_cached(&format!(
+                "SELECT {SESSION_COLUMNS} FROM sessions ORDER BY created_at_ms DESC LIMIT ?1"
+            ))
+            .map_err(db_err)?;
+        let rows = statement
+            .query_map(params![limit as i64], session_row)
+            .map_err(db_err)?;
+        rows.collect::<std::result::Result<_, _>>().map_err(db_err)
     }
 
     /// Records a component; false when it was there already.
@@ -226,10 +302,54 @@ impl Db {
 
 /// The schema changes since the first version, in order: the database's
 /// `user_version` is how many it has had.
+/// A session's row.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct SessionRow {
+    pub(crate) name: String,
+    pub(crate) job: u64,
+    pub(crate) owner: String,
+    pub(crate) mesh: Option<String>,
+    pub(crate) idle_ttl_s: u64,
+    pub(crate) state: String,
+    pub(crate) reason: Option<String>,
+    pub(crate) created_at_ms: i64,
+    pub(crate) ended_at_ms: Option<i64>,
+}
+
+const SESSION_COLUMNS: &str =
+    "name, job, owner, mesh, idle_ttl_s, state, reason, created_at_ms, ended_at_ms";
+
+fn session_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
+    Ok(SessionRow {
+        name: row.get(0)?,
+        job: row.get::<_, i64>(1)? as u64,
+        owner: row.get(2)?,
+        mesh: row.get(3)?,
+        idle_ttl_s: row.get::<_, i64>(4)? as u64,
+        state: row.get(5)?,
+        reason: row.get(6)?,
+        created_at_ms: row.get(7)?,
+        ended_at_ms: row.get(8)?,
+    })
+}
+
 const MIGRATIONS: &[&str] = &[
     // 1: what a job was granted, as the JSON of `engine::Grants`; null for
     // the jobs of older servers, which were granted nothing.
     "ALTER TABLE jobs ADD COLUMN grants TEXT",
+    // 2: console sessions (`serve::sessions`): each runs as the job `job`;
+    // `state` is `active`, `closed`, `expired`, `failed` or `lost`.
+    "CREATE TABLE sessions (
+         name TEXT PRIMARY KEY,
+         job INTEGER NOT NULL,
+         owner TEXT NOT NULL,
+         mesh TEXT,
+         idle_ttl_s INTEGER NOT NULL,
+         state TEXT NOT NULL,
+         reason TEXT,
+         created_at_ms INTEGER NOT NULL,
+         ended_at_ms INTEGER
+     )",
 ];
 
 /// Applies the migrations a database has not had, each with its version

@@ -24,7 +24,7 @@ use utoipa::OpenApi;
 use super::api::*;
 use super::jobs::{self, Target};
 use super::meshes::validate_mesh_name;
-use super::{State, db};
+use super::{State, db, sessions};
 use crate::engine::{DirGrant, Grants, LoadError, parse_env};
 use crate::run::{Prepared, RunError};
 
@@ -35,7 +35,7 @@ const JSON_LIMIT: usize = 64 << 10;
 const MAX_ARGS: usize = 1024;
 
 /// An error answer: a status and a sentence, as JSON.
-pub(crate) struct Fail(StatusCode, String);
+pub(crate) struct Fail(pub(crate) StatusCode, pub(crate) String);
 
 impl IntoResponse for Fail {
     fn into_response(self) -> Response {
@@ -50,18 +50,18 @@ impl IntoResponse for Fail {
     }
 }
 
-fn fail(status: StatusCode, message: impl Into<String>) -> Fail {
+pub(super) fn fail(status: StatusCode, message: impl Into<String>) -> Fail {
     Fail(status, message.into())
 }
 
-fn internal(message: String) -> Fail {
+pub(super) fn internal(message: String) -> Fail {
     tracing::error!(error = %message, "request failed");
     Fail(StatusCode::INTERNAL_SERVER_ERROR, message)
 }
 
-type Answer<T> = Result<(StatusCode, axum::Json<T>), Fail>;
+pub(super) type Answer<T> = Result<(StatusCode, axum::Json<T>), Fail>;
 
-fn ok<T>(status: StatusCode, value: T) -> Answer<T> {
+pub(super) fn ok<T>(status: StatusCode, value: T) -> Answer<T> {
     Ok((status, axum::Json(value)))
 }
 
@@ -82,6 +82,14 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/v1/jobs/{id}/debug", get(job_debug))
         .route("/v1/meshes", post(create_mesh).get(list_meshes))
         .route("/v1/meshes/{name}", delete(delete_mesh))
+        .route("/v1/sessions", post(sessions::create).get(sessions::list))
+        .route(
+            "/v1/sessions/{name}",
+            get(sessions::get_one).delete(sessions::close),
+        )
+        .route("/v1/sessions/{name}/input", post(sessions::input))
+        .route("/v1/sessions/{name}/interrupt", post(sessions::interrupt))
+        .route("/v1/sessions/{name}/stream", get(sessions::stream))
         .fallback(|| async { fail(StatusCode::NOT_FOUND, "no such route; see /v1/openapi.json") })
         .layer(DefaultBodyLimit::max(JSON_LIMIT))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
@@ -110,6 +118,13 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         create_mesh,
         list_meshes,
         delete_mesh,
+        sessions::create,
+        sessions::list,
+        sessions::get_one,
+        sessions::close,
+        sessions::input,
+        sessions::interrupt,
+        sessions::stream,
         metrics,
         healthz
     ),
@@ -138,10 +153,11 @@ struct TokenQuery {
 
 /// Every route but `/healthz` needs the token: in the Authorization
 /// header, or (for the dashboard page only) as `?token=`.
-async fn authenticate(With(state): With<Arc<State>>, request: Request, next: Next) -> Response {
-    let Some(token) = &state.token else {
+async fn authenticate(With(state): With<Arc<State>>, mut request: Request, next: Next) -> Response {
+    if state.tokens.is_empty() {
+        request.extensions_mut().insert(Caller("-".into()));
         return next.run(request).await;
-    };
+    }
     let path = request.uri().path();
     if path == "/healthz" {
         return next.run(request).await;
@@ -159,8 +175,17 @@ async fn authenticate(With(state): With<Arc<State>>, request: Request, next: Nex
                 .and_then(|q| q.0.token)
         })
         .flatten();
+    let matched = from_header
+        .clone()
+        .or(from_query.clone())
+        .filter(|presented| state.tokens.iter().any(|t| t.matches(presented.as_bytes())));
     match from_header.or(from_query) {
-        Some(presented) if token.matches(presented.as_bytes()) => next.run(request).await,
+        Some(presented) if matched.is_some() => {
+            request
+                .extensions_mut()
+                .insert(Caller(fingerprint(&presented)));
+            next.run(request).await
+        }
         // The dashboard page holds no data: without the token it is
         // answered 401 with the page, which asks for the token.
         _ if path == "/" => {
@@ -177,6 +202,20 @@ async fn authenticate(With(state): With<Arc<State>>, request: Request, next: Nex
             fail(StatusCode::UNAUTHORIZED, why).into_response()
         }
     }
+}
+
+/// Who made a request: the fingerprint of the token it presented, or
+/// `-` on a server without tokens. What it opens (a console session)
+/// belongs to it.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Caller(pub(crate) String);
+
+/// The first 12 hex digits of the sha256 of `token`: names its owner in
+/// listings without showing the token.
+pub(crate) fn fingerprint(token: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(token.as_bytes());
+    digest.iter().take(6).map(|b| format!("{b:02x}")).collect()
 }
 
 async fn dashboard() -> Html<&'static str> {
@@ -207,7 +246,7 @@ impl Drop for PartFile {
     }
 }
 
-fn is_component_id(id: &str) -> bool {
+pub(super) fn is_component_id(id: &str) -> bool {
     id.len() == 64 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
@@ -399,14 +438,21 @@ async fn list_components(With(state): With<Arc<State>>) -> Answer<ComponentList>
 }
 
 /// Reads a JSON body, answering 400 with what is wrong.
-fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes, what: &str) -> Result<T, Fail> {
+pub(super) fn parse_json<T: serde::de::DeserializeOwned>(
+    body: &Bytes,
+    what: &str,
+) -> Result<T, Fail> {
     serde_json::from_slice(body)
         .map_err(|e| fail(StatusCode::BAD_REQUEST, format!("bad {what}: {e}")))
 }
 
 /// A job's limits: what it asks for, else the defaults; each at most the
 /// server's cap.
-fn limits(state: &State, asked: Option<PartialLimits>, procs: Option<u32>) -> Result<Limits, Fail> {
+pub(super) fn limits(
+    state: &State,
+    asked: Option<PartialLimits>,
+    procs: Option<u32>,
+) -> Result<Limits, Fail> {
     let asked = asked.unwrap_or_default();
     let (default, max) = (state.config.default_limits, state.config.max_limits);
     let check = |name: &str, flag: &str, value: u64, cap: u64| {
@@ -613,6 +659,7 @@ async fn submit(With(state): With<Arc<State>>, body: Bytes) -> Answer<Created> {
         grants,
         target,
         request.debug,
+        None,
     );
     if let Err(e) = started {
         let _ = state.db.finish_job(id, JobStatus::Failed, Some(&e));
@@ -945,6 +992,15 @@ async fn create_mesh(With(state): With<Arc<State>>, body: Bytes) -> Answer<MeshI
             ),
         ));
     }
+    if state.actor_meshes.get(&request.name).is_some() {
+        return Err(fail(
+            StatusCode::CONFLICT,
+            format!(
+                "a persistent actor mesh is named `{}`; DELETE /v1/meshes/{} stops it",
+                request.name, request.name
+            ),
+        ));
+    }
     {
         let mut creating = state.creating.lock().unwrap_or_else(|p| p.into_inner());
         if state.persistent(&request.name).is_some() || !creating.insert(request.name.clone()) {
@@ -966,26 +1022,44 @@ async fn create_mesh(With(state): With<Arc<State>>, body: Bytes) -> Answer<MeshI
     }
 }
 
-/// Lists meshes: persistent ones, and running jobs' fresh ones.
+/// Lists meshes: persistent ones, running jobs' fresh ones, and the
+/// persistent actor meshes with each rank's state (a failed rank says why).
 #[utoipa::path(get, path = "/v1/meshes", responses((status = 200, body = MeshList)))]
 async fn list_meshes(With(state): With<Arc<State>>) -> Answer<MeshList> {
     ok(
         StatusCode::OK,
         MeshList {
             meshes: state.meshes(),
+            actor_meshes: state.actor_meshes(),
         },
     )
 }
 
-/// Stops a persistent mesh; jobs running on it fail.
-#[utoipa::path(delete, path = "/v1/meshes/{name}", params(("name" = String, Path)), responses((status = 200, body = MeshInfo), (status = 404, body = ApiError)))]
-async fn delete_mesh(With(state): With<Arc<State>>, Path(name): Path<String>) -> Answer<MeshInfo> {
+/// Stops a persistent mesh (jobs running on it fail, and the persistent
+/// actor meshes on it stop), or a persistent actor mesh (later lookups of
+/// it fail; jobs holding it get `stopped` errors).
+#[utoipa::path(
+    delete,
+    path = "/v1/meshes/{name}",
+    params(("name" = String, Path, description = "A persistent mesh's or a persistent actor mesh's name")),
+    responses(
+        (status = 200, description = "What was stopped: a mesh (MeshInfo) or an actor mesh (ActorMeshInfo)", body = StoppedMesh),
+        (status = 404, body = ApiError)
+    )
+)]
+async fn delete_mesh(
+    With(state): With<Arc<State>>,
+    Path(name): Path<String>,
+) -> Answer<StoppedMesh> {
     validate_mesh_name(&name).map_err(|e| fail(StatusCode::BAD_REQUEST, e))?;
-    match state.stop_mesh(&name) {
-        Some(info) => ok(StatusCode::OK, info),
+    if let Some(info) = state.stop_mesh(&name) {
+        return ok(StatusCode::OK, StoppedMesh::Procs(info));
+    }
+    match state.stop_actor_mesh(&name).await {
+        Some(info) => ok(StatusCode::OK, StoppedMesh::Actors(info)),
         None => Err(fail(
             StatusCode::NOT_FOUND,
-            format!("no persistent mesh named `{name}`"),
+            format!("no persistent mesh or persistent actor mesh named `{name}`"),
         )),
     }
 }
@@ -1153,6 +1227,14 @@ mod tests {
                 "{field}"
             );
         }
+        for field in ["meshes", "actor_meshes"] {
+            assert!(
+                schemas["MeshList"]["properties"].get(field).is_some(),
+                "{field}"
+            );
+        }
+        assert!(schemas.get("ActorMeshInfo").is_some());
+        assert!(schemas.get("StoppedMesh").is_some());
         for schema in ["PartialLimits", "Limits"] {
             assert!(
                 schemas[schema]["properties"]

@@ -26,6 +26,8 @@ pub(crate) struct JobLog {
     limit: u64,
     /// Set once the job has its final status and nothing more is written.
     done: AtomicBool,
+    /// Also gets every line (a session's console), if set.
+    tee: Mutex<Option<LogSink>>,
 }
 
 impl JobLog {
@@ -40,12 +42,17 @@ impl JobLog {
             written: watch::Sender::new(0),
             limit,
             done: AtomicBool::new(false),
+            tee: Mutex::new(None),
         }))
     }
 
     /// Appends `line`, unless the log is at its size limit (then one line
     /// says so and the rest is dropped).
     pub(crate) fn write(&self, line: &str) {
+        let tee = self.tee.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(tee) = tee {
+            tee(line);
+        }
         let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
         let Some(f) = file.as_mut() else { return };
         let at = *self.written.borrow();
@@ -64,6 +71,11 @@ impl JobLog {
         if over {
             *file = None;
         }
+    }
+
+    /// Sends every line written from now on to `tee` as well.
+    pub(crate) fn set_tee(&self, tee: LogSink) {
+        *self.tee.lock().unwrap_or_else(|p| p.into_inner()) = Some(tee);
     }
 
     /// Marks the log complete and wakes its followers.
@@ -126,6 +138,21 @@ pub(crate) struct JobCounters {
     pub(crate) run_us: AtomicU64,
 }
 
+/// What makes a job a session (`serve::sessions`): its driver, and where
+/// its log's lines go besides the file.
+pub(crate) struct SessionStart {
+    pub(crate) driver: crate::session::SessionDriver,
+    pub(crate) tee: LogSink,
+    /// Called once the job has its final status.
+    pub(crate) on_end: Option<SessionEnd>,
+}
+
+/// What a session does when its job ends.
+pub(crate) type SessionEnd = Box<dyn FnOnce(JobStatus, Option<String>) + Send>;
+
+/// How long a session may live in all; its idle TTL ends it sooner.
+const SESSION_LIFETIME: Duration = Duration::from_secs(366 * 24 * 3600);
+
 /// Where a job runs, decided at submission.
 pub(crate) enum Target {
     Fresh,
@@ -144,8 +171,13 @@ pub(crate) fn start(
     grants: Grants,
     target: Target,
     debug: bool,
+    mut session: Option<Box<SessionStart>>,
 ) -> Result<(), String> {
     let log = JobLog::create(state.log_path(id), state.config.max_log_bytes)?;
+    if let Some(session) = &session {
+        log.set_tee(session.tee.clone());
+    }
+    let on_end = session.as_mut().and_then(|s| s.on_end.take());
     let (cancel, mut cancelled) = watch::channel(None::<String>);
     let live = Arc::new(LiveJob {
         log: log.clone(),
@@ -170,6 +202,7 @@ pub(crate) fn start(
                     grants,
                     target,
                     debug,
+                    session,
                     &log,
                     &mut cancelled,
                 )
@@ -184,7 +217,10 @@ pub(crate) fn start(
                 Some(format!("the job's task failed: {e}")),
             ),
         };
-        finish(&state, id, &log, status, error);
+        finish(&state, id, &log, status, error.clone());
+        if let Some(on_end) = on_end {
+            on_end(status, error);
+        }
     });
     Ok(())
 }
@@ -287,6 +323,7 @@ async fn run(
     grants: Grants,
     target: Target,
     debug: bool,
+    session: Option<Box<SessionStart>>,
     log: &Arc<JobLog>,
     cancelled: &mut watch::Receiver<Option<String>>,
 ) -> (JobStatus, Option<String>) {
@@ -334,7 +371,11 @@ async fn run(
     };
     let sandbox = Sandbox {
         memory_bytes: limits.memory_mib as usize * (1 << 20),
-        deadline: Duration::from_secs(limits.timeout_s),
+        // A session lasts until it is closed or idles out.
+        deadline: match session {
+            Some(_) => SESSION_LIFETIME,
+            None => Duration::from_secs(limits.timeout_s),
+        },
         call_timeout: Duration::from_secs(limits.call_timeout_s),
         max_procs: limits.procs as usize,
         placement: Placement::Local {
@@ -389,16 +430,32 @@ async fn run(
             cancelled.borrow().clone().unwrap_or_default()
         }
     };
-    let outcome = prepared
-        .run(
-            args,
-            sandbox,
-            log.sink(),
-            mesh,
-            Some(view.observer(id)),
-            cancel,
-        )
-        .await;
+    let outcome = match session {
+        None => {
+            prepared
+                .run(
+                    args,
+                    sandbox,
+                    log.sink(),
+                    mesh,
+                    Some(view.observer(id, state.actor_meshes.clone())),
+                    cancel,
+                )
+                .await
+        }
+        Some(session) => {
+            prepared
+                .run_session(
+                    session.driver,
+                    sandbox,
+                    log.sink(),
+                    mesh,
+                    Some(view.observer(id, state.actor_meshes.clone())),
+                    cancel,
+                )
+                .await
+        }
+    };
     state
         .counters
         .run_us
@@ -412,6 +469,8 @@ async fn run(
     match outcome {
         Ok(()) => (JobStatus::Succeeded, None),
         Err(RunError::Cancelled(reason)) => (JobStatus::Cancelled, Some(reason)),
+        // A session that idled out ended as it should.
+        Err(RunError::Idle(ttl)) => (JobStatus::Succeeded, Some(RunError::Idle(ttl).to_string())),
         Err(e) => (JobStatus::Failed, Some(e.to_string())),
     }
 }

@@ -9,8 +9,9 @@ use hyperactor::ProcId;
 use hyperactor_mesh::agent::MeshEvent;
 use hyperactor_mesh::client::MeshClient;
 
-use super::api::{ActorsInfo, MeshInfo, ProcInfo, RankInfo};
+use super::api::{ActorMeshInfo, ActorsInfo, MeshInfo, ProcInfo, RankInfo};
 use crate::host::MeshObserver;
+use crate::mesh::{PersistentActorMesh, PersistentActorMeshes};
 
 /// What the server knows of one mesh.
 pub(crate) struct MeshView {
@@ -152,11 +153,17 @@ impl MeshView {
         }
     }
 
-    /// What job `job` does on this mesh, as an observer.
-    pub(crate) fn observer(self: &Arc<Self>, job: u64) -> Arc<dyn MeshObserver> {
+    /// What job `job` does on this mesh, as an observer; it reaches the
+    /// server's persistent actor meshes through `persistent`.
+    pub(crate) fn observer(
+        self: &Arc<Self>,
+        job: u64,
+        persistent: Arc<PersistentActorMeshes>,
+    ) -> Arc<dyn MeshObserver> {
         Arc::new(JobObserver {
             view: self.clone(),
             job,
+            persistent,
         })
     }
 
@@ -169,6 +176,7 @@ impl MeshView {
 struct JobObserver {
     view: Arc<MeshView>,
     job: u64,
+    persistent: Arc<PersistentActorMeshes>,
 }
 
 impl MeshObserver for JobObserver {
@@ -200,6 +208,34 @@ impl MeshObserver for JobObserver {
 
     fn mesh_event(&self, event: &MeshEvent) {
         self.view.take_event(event);
+    }
+
+    fn persistent_actors(&self) -> Option<Arc<PersistentActorMeshes>> {
+        Some(self.persistent.clone())
+    }
+}
+
+/// A persistent actor mesh as the API shows it.
+pub(crate) fn actor_mesh_info(mesh: &PersistentActorMesh) -> ActorMeshInfo {
+    let (state, reason) = mesh.state();
+    ActorMeshInfo {
+        name: mesh.name.clone(),
+        class: mesh.class.clone(),
+        mesh: mesh.proc_mesh.clone(),
+        spawned_by: mesh.spawned_by.clone(),
+        extent: mesh.extent(),
+        state: state.into(),
+        reason,
+        ranks: mesh
+            .ranks()
+            .into_iter()
+            .map(|r| RankInfo {
+                rank: r.rank,
+                proc: r.proc,
+                state: r.state.into(),
+                reason: r.reason,
+            })
+            .collect(),
     }
 }
 

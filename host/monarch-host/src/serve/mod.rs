@@ -17,6 +17,7 @@ mod db;
 mod handlers;
 mod jobs;
 mod meshes;
+mod sessions;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -33,9 +34,10 @@ use tokio::sync::{OnceCell, Semaphore};
 use wasmtime::Engine;
 
 use crate::engine;
+use crate::mesh::PersistentActorMeshes;
 use crate::run::Prepared;
 pub use api::Limits;
-use api::MeshInfo;
+use api::{ActorMeshInfo, MeshInfo};
 use db::Db;
 use jobs::{JobCounters, LiveJob, LiveJobs};
 use meshes::{MeshView, PersistentMesh};
@@ -48,7 +50,12 @@ pub struct ServeConfig {
     /// Where state, components and logs are kept.
     pub data: PathBuf,
     /// The bearer token clients must present; required off loopback.
+    /// Several tokens, one per line, give several owners: a console
+    /// session belongs to the token that opened it.
     pub token: Option<String>,
+    /// How long a console session may sit without input before it is
+    /// closed, unless it asks for its own (`console --idle-ttl`).
+    pub session_idle_ttl: Duration,
     /// The binary whose `bootstrap` subcommand serves a proc.
     pub bootstrap: PathBuf,
     /// The largest component accepted, in bytes.
@@ -80,6 +87,7 @@ impl ServeConfig {
             listen,
             data,
             token: None,
+            session_idle_ttl: Duration::from_secs(8 * 3600),
             bootstrap,
             max_upload_bytes: 64 << 20,
             max_log_bytes: 64 << 20,
@@ -105,7 +113,10 @@ impl ServeConfig {
 /// What the handlers share.
 pub(crate) struct State {
     config: ServeConfig,
-    token: Option<ClusterToken>,
+    /// The tokens clients may present; none: no token is asked for.
+    tokens: Vec<ClusterToken>,
+    /// Console sessions that run.
+    sessions: sessions::Sessions,
     db: Db,
     engine: Engine,
     /// Compiled components, by id.
@@ -117,6 +128,9 @@ pub(crate) struct State {
     /// Names of persistent meshes being created.
     creating: Mutex<std::collections::HashSet<String>>,
     fresh: Mutex<BTreeMap<u64, Arc<MeshView>>>,
+    /// Persistent actor meshes, which belong to the server: jobs and
+    /// sessions spawn and find them through their observers.
+    actor_meshes: Arc<PersistentActorMeshes>,
     counters: JobCounters,
     uploads: UploadCounters,
     unauthorized: AtomicU64,
@@ -262,13 +276,21 @@ impl State {
         );
         let mut events = client.subscribe();
         let watched = Arc::downgrade(&view);
+        // Failures of persistent actor meshes on these procs are the
+        // server's: logged and recorded, failing no job.
+        let actor_meshes = Arc::downgrade(&self.actor_meshes);
+        let mesh_name = name.to_string();
         tokio::spawn(async move {
             while let Some(event) = events.recv().await {
                 let Some(view) = watched.upgrade() else { break };
                 view.take_event(&event);
+                if let Some(actor_meshes) = actor_meshes.upgrade() {
+                    actor_meshes.take_event(&mesh_name, &event);
+                }
             }
         });
         let info = view.info(true);
+        self.actor_meshes.set_proc_mesh(name, true);
         self.persistent
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -277,15 +299,36 @@ impl State {
         Ok(info)
     }
 
-    /// Stops the persistent mesh `name`.
+    /// Stops the persistent mesh `name`, and the persistent actor meshes
+    /// on it.
     fn stop_mesh(&self, name: &str) -> Option<MeshInfo> {
         let mesh = self
             .persistent
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(name)?;
+        self.actor_meshes.set_proc_mesh(name, false);
+        self.actor_meshes
+            .forget_on(name, &format!("its mesh `{name}` was stopped"));
         mesh.client.stop_all();
         Some(mesh.view.info(true))
+    }
+
+    /// The persistent actor meshes, by name.
+    fn actor_meshes(&self) -> Vec<ActorMeshInfo> {
+        self.actor_meshes
+            .list()
+            .iter()
+            .map(|m| meshes::actor_mesh_info(m))
+            .collect()
+    }
+
+    /// Stops the persistent actor mesh `name`.
+    async fn stop_actor_mesh(&self, name: &str) -> Option<ActorMeshInfo> {
+        let why =
+            format!("the persistent actor mesh `{name}` was stopped (DELETE /v1/meshes/{name})");
+        let mesh = self.actor_meshes.stop(name, &why).await?;
+        Some(meshes::actor_mesh_info(&mesh))
     }
 }
 
@@ -329,12 +372,19 @@ impl Server {
                 config.listen
             ));
         }
-        let token = match &config.token {
-            Some(text) => {
-                Some(ClusterToken::new(text).ok_or("the token file is empty or has a line break")?)
-            }
-            None => None,
+        // One token per line; blank lines and `#` comments are skipped.
+        let tokens: Vec<ClusterToken> = match &config.token {
+            Some(text) => text
+                .lines()
+                .map(str::trim)
+                .filter(|line| !line.is_empty() && !line.starts_with('#'))
+                .filter_map(ClusterToken::new)
+                .collect(),
+            None => Vec::new(),
         };
+        if config.token.is_some() && tokens.is_empty() {
+            return Err("the token file holds no token".into());
+        }
         config.allowed_dirs = config
             .allowed_dirs
             .iter()
@@ -376,7 +426,8 @@ impl Server {
             let _ = tcp.set_nodelay(true);
         });
         let state = Arc::new(State {
-            token,
+            tokens,
+            sessions: Default::default(),
             db,
             engine,
             prepared: Mutex::default(),
@@ -386,6 +437,7 @@ impl Server {
             persistent: Mutex::default(),
             creating: Mutex::default(),
             fresh: Mutex::default(),
+            actor_meshes: Arc::default(),
             counters: JobCounters::default(),
             uploads: UploadCounters::default(),
             unauthorized: AtomicU64::new(0),
@@ -428,6 +480,7 @@ impl Server {
     /// Stops: cancels unfinished jobs (they are marked failed), waits up
     /// to `grace` for them and for open requests, then stops every mesh.
     pub async fn stop(mut self, grace: Duration) {
+        self.state.sessions.close_all("the server is stopping");
         let live: Vec<Arc<LiveJob>> = self.state.live().values().cloned().collect();
         for job in &live {
             job.cancel("the server is stopping".into());
