@@ -3,8 +3,11 @@
 //! this test uploads the `hello` example and runs it there as a job, then
 //! headless Chromium opens the dashboard on that job and the test reads the
 //! page it rendered (`--dump-dom`): the job's row and final status, its log
-//! lines, and the mesh's procs. Opened without a token, the page asks for
-//! one and shows no jobs.
+//! lines, and the mesh's procs. A console session (the Rust test guest
+//! `session-echo`, opened over the API on `workers`) is listed `active`,
+//! and once closed (`DELETE /v1/sessions/NAME`) `closed` with its reason,
+//! its job selected from its row. Opened without a token, the page asks
+//! for one and shows no jobs and no sessions.
 //!
 //! The test needs Chromium at `/usr/bin/chromium`; without it, it says so
 //! and passes.
@@ -17,7 +20,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use monarch_host::serve::api::{JobInfo, JobRequest, JobStatus, MeshChoice};
+use monarch_host::serve::api::{JobInfo, JobRequest, JobStatus, MeshChoice, SessionRequest};
 use serve_support::{Scratch, ServeProcess, TOKEN};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -28,9 +31,11 @@ const JOB_DEADLINE: Duration = Duration::from_secs(60);
 const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long one Chromium run may take.
 const BROWSER_DEADLINE: Duration = Duration::from_secs(60);
+/// The console session the test opens.
+const SESSION: &str = "dash-echo";
 
 #[test]
-fn dashboard_shows_a_job_its_logs_and_the_mesh() {
+fn dashboard_shows_a_job_its_logs_the_mesh_and_sessions() {
     if !Path::new(CHROMIUM).exists() {
         eprintln!("skipped: {CHROMIUM} is missing (install it with `apt-get install chromium`)");
         return;
@@ -65,6 +70,20 @@ fn dashboard_shows_a_job_its_logs_and_the_mesh() {
         diagnostics(&rt, &server, id)
     );
     let addr = server.base.trim_start_matches("http://");
+
+    // A console session on `workers`, with the Rust test guest: it is
+    // active once `open_session` answers.
+    let wasm = std::fs::read(env!("GUEST_SESSION_ECHO")).expect("read the session-echo guest");
+    let echo = rt.block_on(client.upload(wasm)).expect("upload").id;
+    let opened = rt
+        .block_on(client.open_session(&SessionRequest {
+            name: Some(SESSION.into()),
+            component: Some(echo),
+            mesh: Some("workers".into()),
+            ..Default::default()
+        }))
+        .unwrap_or_else(|e| panic!("open a session: {e}\n{}", server.log_text()));
+    assert_eq!(opened.state, "active", "{opened:?}");
 
     // The page, opened as a user would from a link that carries the token.
     let url = format!("http://{addr}/?token={TOKEN}#job={id}");
@@ -156,6 +175,76 @@ fn dashboard_shows_a_job_its_logs_and_the_mesh() {
         workers.contains("persistent"),
         "workers is not shown as persistent: {workers}"
     );
+    // The session, active, waiting for input, with a link to its job.
+    let row = session_row(&dom, SESSION).unwrap_or_else(|| {
+        panic!(
+            "no tr.session[data-name={SESSION}] in #sessions; {}",
+            context()
+        )
+    });
+    let session_job = opened.job.to_string();
+    assert_eq!(
+        attr(row, "data-state"),
+        Some("active"),
+        "{row}; {}",
+        context()
+    );
+    assert_eq!(attr(row, "data-job"), Some(session_job.as_str()), "{row}");
+    assert_eq!(attr(row, "data-busy"), Some("false"), "{row}");
+    let link = format!("href=\"#job={}\"", opened.job);
+    assert!(row.contains(&link), "no job link in {row}");
+    let text = strip_tags(row);
+    for shown in ["active", "workers", "waiting", &opened.owner] {
+        assert!(
+            text.contains(shown),
+            "the session's row `{text}` misses `{shown}`"
+        );
+    }
+
+    // Closed over the API: the page lists it `closed`, with the reason;
+    // opened on the session's job, its row is the selected one.
+    let closed = rt
+        .block_on(client.close_session(SESSION))
+        .unwrap_or_else(|e| panic!("close the session: {e}\n{}", server.log_text()));
+    assert_eq!(closed.state, "closed", "{closed:?}");
+    let url = format!("http://{addr}/?token={TOKEN}#job={}", opened.job);
+    let dom = chromium_dump_dom(&url, &scratch.0.join("profile-closed"));
+    let context = || format!("the page showed:\n{}\n{}", body_of(&dom), server.log_text());
+    let row = session_row(&dom, SESSION).unwrap_or_else(|| {
+        panic!(
+            "no tr.session[data-name={SESSION}] in #sessions; {}",
+            context()
+        )
+    });
+    assert_eq!(
+        attr(row, "data-state"),
+        Some("closed"),
+        "{row}; {}",
+        context()
+    );
+    assert!(
+        has_class(row, "selected"),
+        "the session's row is not selected: {row}"
+    );
+    let text = strip_tags(row);
+    assert!(text.contains("closed"), "the session's row: `{text}`");
+    let reason = closed.reason.as_deref().expect("a closed session's reason");
+    assert!(
+        text.contains(reason),
+        "the session's row `{text}` misses its reason `{reason}`"
+    );
+    assert_eq!(
+        text_of(&dom, "job-id").as_deref(),
+        Some(session_job.as_str()),
+        "#job-id; {}",
+        context()
+    );
+    assert_eq!(
+        text_of(&dom, "job-session").as_deref(),
+        Some(format!("{SESSION} (closed)").as_str()),
+        "#job-session; {}",
+        context()
+    );
 
     // Without a token: the form that asks for one, and no jobs.
     let url = format!("http://{addr}/");
@@ -179,6 +268,11 @@ fn dashboard_shows_a_job_its_logs_and_the_mesh() {
         rows,
         0,
         "job rows without a token; the page showed:\n{}",
+        body_of(&dom)
+    );
+    assert!(
+        session_row(&dom, SESSION).is_none(),
+        "a session row without a token; the page showed:\n{}",
         body_of(&dom)
     );
 }
@@ -354,6 +448,33 @@ fn mesh_div<'a>(dom: &'a str, name: &str) -> Option<&'a str> {
         .map(|next| next.as_ptr() as usize - rest.as_ptr() as usize)
         .unwrap_or(rest.len());
     Some(&dom[start..start + tag.len() + end])
+}
+
+/// The markup of `<tr class="session" data-name="NAME">` up to its `</tr>`.
+fn session_row<'a>(dom: &'a str, name: &str) -> Option<&'a str> {
+    let tag = open_tags(dom).find(|tag| {
+        tag_name(tag) == "tr" && has_class(tag, "session") && attr(tag, "data-name") == Some(name)
+    })?;
+    let start = tag.as_ptr() as usize - dom.as_ptr() as usize;
+    let end = dom[start..]
+        .find("</tr>")
+        .map_or(dom.len(), |end| start + end);
+    Some(&dom[start..end])
+}
+
+/// The text of `markup` without its tags, unescaped.
+fn strip_tags(markup: &str) -> String {
+    let mut text = String::new();
+    let mut rest = markup;
+    while let Some(open) = rest.find('<') {
+        text.push_str(&rest[..open]);
+        text.push(' ');
+        rest = rest[open..]
+            .find('>')
+            .map_or("", |close| &rest[open + close + 1..]);
+    }
+    text.push_str(rest);
+    unescape(&text)
 }
 
 /// The page's body up to its script: what failure messages show of it.

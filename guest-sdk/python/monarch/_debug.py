@@ -15,7 +15,7 @@ from wit_world.imports import debug as _wdebug
 
 # Frames of these modules are the SDK's and the runtime's, not the user's:
 # pdb does not stop in them.
-_SKIP = ["monarch", "monarch.*", "asyncio", "asyncio.*", "wit_world", "wit_world.*", "componentize_py*", "_monarch*", "monarch_program"]
+_SKIP = ["monarch", "monarch.*", "asyncio", "asyncio.*", "wit_world", "wit_world.*", "componentize_py*", "_monarch*", "monarch_program", "monarch_session"]
 
 
 class _Input:
