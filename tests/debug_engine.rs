@@ -6,142 +6,42 @@
 //! shows the Wasm locals the program set; `interrupt` stops a spinning
 //! rank; a trap stops with its frames before it unwinds.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 const CLI: &str = env!("CARGO_BIN_EXE_monarch-host-cli");
 
-/// A command on a pty whose output is read as it comes.
-struct Terminal {
-    child: Child,
-    master: std::fs::File,
-    output: mpsc::Receiver<Vec<u8>>,
-    /// Output read and not yet consumed by `expect`.
-    pending: String,
-    /// Marks typed by `answer`.
-    marks: u32,
-}
+#[path = "support/terminal.rs"]
+mod terminal;
+use terminal::Terminal;
 
-impl Terminal {
-    fn spawn(args: &[&str], cache: &std::path::Path) -> Terminal {
-        let (mut master, mut slave) = (0, 0);
-        // SAFETY: openpty fills two new descriptors.
-        let rc = unsafe {
-            libc::openpty(
-                &mut master,
-                &mut slave,
-                std::ptr::null_mut(),
-                std::ptr::null(),
-                std::ptr::null(),
-            )
-        };
-        assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
-        // No echo: what is read is what the command printed.
-        // SAFETY: `slave` is a terminal we own; termios is plain data.
-        unsafe {
-            let mut termios: libc::termios = std::mem::zeroed();
-            libc::tcgetattr(slave, &mut termios);
-            termios.c_lflag &= !libc::ECHO;
-            libc::tcsetattr(slave, libc::TCSANOW, &termios);
-        }
-        // SAFETY: both descriptors are ours alone from here.
-        let slave = unsafe { OwnedFd::from_raw_fd(slave) };
-        let master = unsafe { std::fs::File::from_raw_fd(master) };
-        let child = Command::new(CLI)
-            .args(args)
-            .env("MONARCH_CACHE_DIR", cache)
-            .stdin(Stdio::from(slave.try_clone().unwrap()))
-            .stdout(Stdio::from(slave.try_clone().unwrap()))
-            .stderr(Stdio::from(slave))
-            .spawn()
-            .expect("start monarch-host debug");
-        let mut reader = master.try_clone().unwrap();
-        let (tx, output) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            loop {
-                match reader.read(&mut buf) {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => {
-                        if tx.send(buf[..n].to_vec()).is_err() {
-                            return;
-                        }
-                    }
-                }
-            }
-        });
-        Terminal {
-            child,
-            master,
-            output,
-            pending: String::new(),
-            marks: 0,
-        }
+/// Types `line` and returns all that came before its answer ends.
+/// News (a rank that pauses) comes with prompts of its own at any time, so
+/// the end is marked: an unknown command typed after `line`, which the
+/// hub, or the paused rank attached to, refuses in order.
+fn answer(terminal: &mut Terminal, line: &str) -> String {
+    static MARKS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let mark = format!(
+        "mark{}",
+        MARKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
+    );
+    terminal.type_line(line);
+    terminal.type_line(&mark);
+    let text = terminal.expect(
+        &format!("*** unknown command `{mark}`; try `help`\n"),
+        Duration::from_secs(60),
+    );
+    // The prompt the last answer ended with.
+    let mut text = text.as_str();
+    while let Some(rest) = text
+        .strip_prefix("monarch_dbg> ")
+        .or_else(|| text.strip_prefix("(wasm) "))
+    {
+        text = rest;
     }
-
-    /// Types `line` and Enter.
-    fn type_line(&mut self, line: &str) {
-        self.master
-            .write_all(format!("{line}\n").as_bytes())
-            .expect("type into the terminal");
-    }
-
-    /// Reads until the output holds `needle`; returns what came before it
-    /// and consumes both.
-    fn expect(&mut self, needle: &str, within: Duration) -> String {
-        let until = Instant::now() + within;
-        loop {
-            if let Some(at) = self.pending.find(needle) {
-                let before = self.pending[..at].to_string();
-                self.pending.drain(..at + needle.len());
-                return before;
-            }
-            let left = until.saturating_duration_since(Instant::now());
-            match self.output.recv_timeout(left) {
-                Ok(bytes) => self
-                    .pending
-                    .push_str(&String::from_utf8_lossy(&bytes).replace('\r', "")),
-                Err(_) => panic!(
-                    "no {needle:?} within {within:?}; the terminal shows:\n{}",
-                    self.pending
-                ),
-            }
-        }
-    }
-
-    /// Types `line` and returns all that came before its answer ends.
-    /// News (a rank that pauses) comes with prompts of its own at any
-    /// time, so the end is marked: an unknown command typed after `line`,
-    /// which the hub, or the paused rank attached to, refuses in order.
-    fn answer(&mut self, line: &str) -> String {
-        self.marks += 1;
-        let mark = format!("mark{}", self.marks);
-        self.type_line(line);
-        self.type_line(&mark);
-        let text = self.expect(
-            &format!("*** unknown command `{mark}`; try `help`\n"),
-            Duration::from_secs(60),
-        );
-        // The prompt the last answer ended with.
-        let mut text = text.as_str();
-        while let Some(rest) = text
-            .strip_prefix("monarch_dbg> ")
-            .or_else(|| text.strip_prefix("(wasm) "))
-        {
-            text = rest;
-        }
-        text.to_string()
-    }
-}
-
-impl Drop for Terminal {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    text.to_string()
 }
 
 /// A `monarch-host run` in the background, its stdout line by line.
@@ -271,7 +171,11 @@ fn debug_stepper(args: &[&str]) -> (Run, Terminal) {
         .and_then(|rest| rest.strip_suffix(')'))
         .expect("the run prints its id")
         .to_string();
-    let mut terminal = Terminal::spawn(&["debug", &id], &cache);
+    let mut terminal = Terminal::spawn(
+        CLI,
+        &["debug", &id],
+        &[("MONARCH_CACHE_DIR", cache.as_os_str())],
+    );
     terminal.expect("monarch_dbg> ", Duration::from_secs(30));
     (run, terminal)
 }
@@ -281,7 +185,7 @@ fn debug_stepper(args: &[&str]) -> (Run, Terminal) {
 fn list_until(terminal: &mut Terminal, count: usize, needle: &str) -> String {
     let until = Instant::now() + Duration::from_secs(120);
     loop {
-        let table = terminal.answer("list");
+        let table = answer(terminal, "list");
         let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("stepper")).collect();
         if rows.len() == count && rows.iter().all(|row| row.contains(needle)) {
             return table;
@@ -323,12 +227,12 @@ fn a_line_breakpoint_stops_every_rank_steps_move_by_line_and_interrupt_stops_a_s
 
     // Rank 0: `step` into `compute`, `next` down to the line after
     // `total`, and its locals.
-    let attached = terminal.answer("attach stepper 0");
+    let attached = answer(&mut terminal, "attach stepper 0");
     assert!(
         attached.contains(&format!("{} in ", at(call))) && attached.contains("(break)"),
         "{attached}"
     );
-    let step = terminal.answer("step");
+    let step = answer(&mut terminal, "step");
     assert!(
         step.contains("in stepper::compute (step)"),
         "`step` enters the call: {step}"
@@ -338,22 +242,22 @@ fn a_line_breakpoint_stops_every_rank_steps_move_by_line_and_interrupt_stops_a_s
         if next.contains(&at(total)) {
             break;
         }
-        next = terminal.answer("next");
+        next = answer(&mut terminal, "next");
     }
     assert!(next.contains("let total = x * 60606;"), "{next}");
-    let next = terminal.answer("next");
+    let next = answer(&mut terminal, "next");
     assert!(
         next.contains(&format!("{} in stepper::compute (step)", at(shifted)))
             && next.contains("let shifted"),
         "`next` moves to the next source line, not into an inlined `From`: {next}"
     );
-    let locals = terminal.answer("locals");
+    let locals = answer(&mut terminal, "locals");
     assert!(locals.contains("i64 = 7\n"), "x: {locals}");
     assert!(
         locals.contains("i64 = 424242\n"),
         "total = 7 * 60606: {locals}"
     );
-    let bt = terminal.answer("bt");
+    let bt = answer(&mut terminal, "bt");
     let frames: Vec<&str> = bt.lines().collect();
     assert!(
         frames[0].contains("#0") && frames[0].contains("stepper::compute"),
@@ -365,12 +269,12 @@ fn a_line_breakpoint_stops_every_rank_steps_move_by_line_and_interrupt_stops_a_s
     );
 
     // `finish` returns to the line that called `compute`; `next` leaves it.
-    let finish = terminal.answer("finish");
+    let finish = answer(&mut terminal, "finish");
     assert!(
         finish.contains(&format!("{} in ", at(call))) && finish.contains("(finish)"),
         "{finish}"
     );
-    let next = terminal.answer("next");
+    let next = answer(&mut terminal, "next");
     assert!(
         next.contains(&at(after)) && next.contains("(step)"),
         "{next}"
@@ -378,7 +282,7 @@ fn a_line_breakpoint_stops_every_rank_steps_move_by_line_and_interrupt_stops_a_s
 
     // A breakpoint set at one rank's stop reaches the others, in the other
     // proc too: they stop there once continued.
-    let set = terminal.answer(&format!("break lib.rs:{result}"));
+    let set = answer(&mut terminal, &format!("break lib.rs:{result}"));
     assert!(
         set.contains("every actor of the run stops there") && set.contains(&at(result)),
         "{set}"
@@ -386,7 +290,7 @@ fn a_line_breakpoint_stops_every_rank_steps_move_by_line_and_interrupt_stops_a_s
     terminal.type_line("c");
     let detached = terminal.expect("monarch_dbg> ", Duration::from_secs(30));
     assert!(detached.contains("[stepper 0] continued"), "{detached}");
-    let continued = terminal.answer("continue");
+    let continued = answer(&mut terminal, "continue");
     for rank in 1..4 {
         assert!(
             continued.contains(&format!("[stepper {rank}] continued")),
@@ -394,7 +298,7 @@ fn a_line_breakpoint_stops_every_rank_steps_move_by_line_and_interrupt_stops_a_s
         );
     }
     list_until(&mut terminal, 3, &at(result));
-    let cast = terminal.answer("cast stepper ranks(*) locals");
+    let cast = answer(&mut terminal, "cast stepper ranks(*) locals");
     for rank in 1..4 {
         let shifted = 424242 + rank;
         assert!(
@@ -402,7 +306,7 @@ fn a_line_breakpoint_stops_every_rank_steps_move_by_line_and_interrupt_stops_a_s
             "rank {rank}'s `shifted`: {cast}"
         );
     }
-    terminal.answer("continue");
+    answer(&mut terminal, "continue");
     let results = run.wait_for("results:", Duration::from_secs(60));
     assert!(
         results.contains("results: [4242420, 4242430, 4242440, 4242450]"),
@@ -412,7 +316,7 @@ fn a_line_breakpoint_stops_every_rank_steps_move_by_line_and_interrupt_stops_a_s
     // `interrupt` stops the rank that spins, inside its loop.
     run.wait_for("spinning", Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(500));
-    let stopped = terminal.answer("interrupt stepper ranks(0:2)");
+    let stopped = answer(&mut terminal, "interrupt stepper ranks(0:2)");
     assert!(
         stopped.contains("[stepper 0] stopped at") && stopped.contains("in stepper::spin_forever"),
         "{stopped}"
@@ -423,8 +327,8 @@ fn a_line_breakpoint_stops_every_rank_steps_move_by_line_and_interrupt_stops_a_s
     );
     let table = list_until(&mut terminal, 1, "interrupt");
     assert!(table.contains("stepper::spin_forever"), "{table}");
-    terminal.answer("attach stepper 0");
-    let bt = terminal.answer("bt");
+    answer(&mut terminal, "attach stepper 0");
+    let bt = answer(&mut terminal, "bt");
     // It may stop in a callee of the loop (`black_box`); the program's own
     // frame, the one selected, is the loop's.
     let own = bt.lines().find(|l| l.starts_with('>'));
@@ -433,9 +337,9 @@ fn a_line_breakpoint_stops_every_rank_steps_move_by_line_and_interrupt_stops_a_s
         "{bt}"
     );
     assert!(bt.contains("Handler<stepper::Spin>>::handle"), "{bt}");
-    let detached = terminal.answer("detach");
+    let detached = answer(&mut terminal, "detach");
     assert!(detached.starts_with("detached\n"), "{detached}");
-    let nobody = terminal.answer("interrupt nobody ranks(0)");
+    let nobody = answer(&mut terminal, "interrupt nobody ranks(0)");
     assert!(nobody.contains("no rank of `nobody`"), "{nobody}");
     terminal.type_line("quit");
 }
@@ -445,7 +349,7 @@ fn a_function_breakpoint_stops_every_rank_and_a_trap_stops_before_it_unwinds() {
     let pick = line_of("values[at]");
     let (mut run, mut terminal) = debug_stepper(&["--break", "stepper::pick", "--", "trap"]);
     list_until(&mut terminal, 4, &format!("stepper/src/lib.rs:{pick}"));
-    terminal.answer("continue");
+    answer(&mut terminal, "continue");
 
     // Rank 1 indexes past the end: it stops at the trap, its frames whole.
     let table = list_until(
@@ -457,9 +361,9 @@ fn a_function_breakpoint_stops_every_rank_and_a_trap_stops_before_it_unwinds() {
         table.contains("stepper  1 ") && table.contains("stepper::pick"),
         "the program's own frame is listed, not `abort`: {table}"
     );
-    let attached = terminal.answer("attach stepper 1");
+    let attached = answer(&mut terminal, "attach stepper 1");
     assert!(attached.contains("values[at]"), "{attached}");
-    let bt = terminal.answer("bt");
+    let bt = answer(&mut terminal, "bt");
     assert!(
         bt.contains(" abort at "),
         "the trap's own frame is #0: {bt}"
@@ -472,12 +376,12 @@ fn a_function_breakpoint_stops_every_rank_and_a_trap_stops_before_it_unwinds() {
         own.starts_with('>'),
         "`locals` shows the program's frame: {bt}"
     );
-    let locals = terminal.answer("locals");
+    let locals = answer(&mut terminal, "locals");
     assert!(
         locals.contains("i32 = 3\n") && locals.contains("i32 = 7\n"),
         "the length and the index: {locals}"
     );
-    let refused = terminal.answer("next");
+    let refused = answer(&mut terminal, "next");
     assert!(refused.contains("cannot run on"), "{refused}");
     terminal.type_line("c");
     terminal.expect("[stepper 1] continued", Duration::from_secs(30));
