@@ -494,6 +494,7 @@ fn python_breakpoint_gives_pdb() {
 fn a_server_job_with_debug_on_is_debugged_with_server_url_job() {
     #[path = "support/serve.rs"]
     mod serve_support;
+    use std::sync::{Arc, Mutex};
     let dir = serve_support::Scratch::new("debugger");
     let server = serve_support::ServeProcess::start(&dir.0, &[]);
     let token = dir.0.join("token");
@@ -514,6 +515,42 @@ fn a_server_job_with_debug_on_is_debugged_with_server_url_job() {
             .unwrap();
         child.wait_with_output().unwrap()
     };
+    // The debugger is given only the address of a forwarder to the
+    // server, which keeps what it was sent: what it asked for shows.
+    let forwarder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let forwarder_port = forwarder.local_addr().unwrap().port();
+    let via = format!("http://127.0.0.1:{forwarder_port}");
+    let sent = Arc::new(Mutex::new(Vec::<u8>::new()));
+    {
+        let upstream = server.base.trim_start_matches("http://").to_string();
+        let sent = sent.clone();
+        std::thread::spawn(move || {
+            for client in forwarder.incoming() {
+                let (Ok(mut client), Ok(mut upstream)) =
+                    (client, std::net::TcpStream::connect(&upstream))
+                else {
+                    continue;
+                };
+                let (mut from_client, mut to_upstream) =
+                    (client.try_clone().unwrap(), upstream.try_clone().unwrap());
+                let sent = sent.clone();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n @ 1..) = from_client.read(&mut buf) {
+                        sent.lock().unwrap().extend_from_slice(&buf[..n]);
+                        if to_upstream.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to_upstream.shutdown(std::net::Shutdown::Write);
+                });
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut upstream, &mut client);
+                    let _ = client.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        });
+    }
     let server_args = ["--server", server.base.as_str(), "--token-file", token];
     let mut submit = vec!["submit"];
     submit.extend(server_args);
@@ -523,8 +560,9 @@ fn a_server_job_with_debug_on_is_debugged_with_server_url_job() {
     let job = String::from_utf8_lossy(&submitted.stdout)
         .trim()
         .to_string();
+    let via_args = ["--server", via.as_str(), "--token-file", token];
     let mut debug = vec!["debug"];
-    debug.extend(server_args);
+    debug.extend(via_args);
     debug.push(&job);
     // The job pauses rank 0; the debugger lists it.
     let until = Instant::now() + Duration::from_secs(120);
@@ -533,17 +571,155 @@ fn a_server_job_with_debug_on_is_debugged_with_server_url_job() {
         let out = String::from_utf8_lossy(&listed.stdout).to_string();
         if out.contains("trainers-v1  0 ") {
             assert!(out.contains("hosts=0, gpus=0"), "{out}");
+            assert!(out.contains("bye; paused ranks stay paused"), "{out}");
             break;
         }
         assert!(Instant::now() < until, "rank 0 never paused: {listed:?}");
         std::thread::sleep(Duration::from_millis(300));
     }
+    // The bridge's routes, as any HTTP client uses them.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        use monarch_host::serve::client::SseParser;
+        let id: u64 = job.parse().unwrap();
+        let api = server.client();
+        let opened = api.debug_bridge(id).await.unwrap();
+        let bridge = opened["bridge"].as_str().unwrap().to_string();
+        assert_eq!(
+            opened["stream"],
+            format!("/v1/jobs/{id}/debug/bridges/{bridge}/stream"),
+            "{opened}"
+        );
+        let mut stream = api.debug_bridge_stream(id, &bridge).await.unwrap();
+        let twice = api.debug_bridge_stream(id, &bridge).await.unwrap_err();
+        assert!(twice.contains("409"), "{twice}");
+        api.debug_bridge_input(id, &bridge, "list").await.unwrap();
+        let mut parser = SseParser::default();
+        let mut pending = std::collections::VecDeque::new();
+        let mut next = async || loop {
+            if let Some(event) = pending.pop_front() {
+                return event;
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(30), stream.chunk())
+                .await
+                .expect("an event within 30 s")
+                .unwrap()
+                .expect("more of the stream");
+            pending.extend(parser.feed(&chunk));
+        };
+        let mut shown = String::new();
+        while !shown.contains("trainers-v1  0 ") {
+            let (event, data) = next().await;
+            assert_eq!(event, "hub", "{data}");
+            let said: serde_json::Value = serde_json::from_str(&data).unwrap();
+            shown.push_str(said["out"].as_str().unwrap_or_default());
+        }
+        let path = format!("/v1/jobs/{id}/debug/bridges/{bridge}/input");
+        let other = reqwest::Client::new()
+            .post(format!("{}{path}", server.base))
+            .bearer_auth(serve_support::OTHER_TOKEN)
+            .json(&serde_json::json!({ "line": "continue" }));
+        assert_eq!(serve_support::send(other).await.0, 403);
+        let two_lines = server
+            .request(reqwest::Method::POST, &path)
+            .json(&serde_json::json!({ "line": "list\ncontinue" }));
+        assert_eq!(serve_support::send(two_lines).await.0, 400);
+        let closed = api.debug_bridge_close(id, &bridge).await.unwrap();
+        assert_eq!(closed["job_ended"], false, "{closed}");
+        let (event, data) = next().await;
+        assert_eq!(event, "end", "{data}");
+        assert!(data.contains("DELETE"), "{data}");
+        let gone = api
+            .debug_bridge_input(id, &bridge, "list")
+            .await
+            .unwrap_err();
+        assert!(gone.contains("410"), "{gone}");
+        let unknown = api
+            .debug_bridge_input(id, "0123", "list")
+            .await
+            .unwrap_err();
+        assert!(unknown.contains("404"), "{unknown}");
+        let no_job = api.debug_bridge(id + 1000).await.unwrap_err();
+        assert!(no_job.contains("404"), "{no_job}");
+    });
     let mut terminal = Terminal::spawn(&debug, &dir.0);
     terminal.expect("monarch_dbg> ", Duration::from_secs(30));
+    // The debugger's every TCP connection is to the server's address (the
+    // forwarder), and the job's hub has one client on its unix socket:
+    // the server's bridge. (The debugger's unix sockets are its runtime's
+    // own socket pair.)
+    let sockets: Vec<String> = std::fs::read_dir(format!("/proc/{}/fd", terminal.child.id()))
+        .unwrap()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|link| {
+            let link = link.to_string_lossy().to_string();
+            let inode = link.strip_prefix("socket:[")?.strip_suffix(']')?;
+            Some(inode.to_string())
+        })
+        .collect();
+    let table = |names: &[&str]| -> Vec<Vec<String>> {
+        names
+            .iter()
+            .flat_map(|name| {
+                let text = std::fs::read_to_string(format!("/proc/net/{name}")).unwrap_or_default();
+                text.lines()
+                    .skip(1)
+                    .map(|row| row.split_whitespace().map(str::to_string).collect())
+                    .collect::<Vec<Vec<String>>>()
+            })
+            .collect()
+    };
+    let tcp = table(&["tcp", "tcp6"]);
+    let connected: Vec<&Vec<String>> = tcp.iter().filter(|row| sockets.contains(&row[9])).collect();
+    assert!(!connected.is_empty(), "the debugger has no connection");
+    for row in connected {
+        let port = row[2].rsplit(':').next().unwrap();
+        assert_eq!(
+            u16::from_str_radix(port, 16).unwrap(),
+            forwarder_port,
+            "the debugger is connected elsewhere than the server: {row:?}"
+        );
+    }
+    let hub_socket = server.data.join("debug").join(format!("{job}.sock"));
+    let hub_socket = hub_socket.to_str().unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        // Accepted connections show the listener's path; state 03: connected.
+        let clients = table(&["unix"])
+            .into_iter()
+            .filter(|row| row.get(5).map(String::as_str) == Some("03"))
+            .filter(|row| row.get(7).map(String::as_str) == Some(hub_socket))
+            .count();
+        if clients == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the job's hub has {clients} clients on its unix socket, not 1 (the bridge)"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let continued = terminal.ask("continue", "monarch_dbg> ");
     assert!(
         continued.contains("[trainers-v1 0] continued"),
         "{continued}"
+    );
+    // It asked the server for bridges, never for the hub's address.
+    let sent = String::from_utf8_lossy(&sent.lock().unwrap()).to_string();
+    for asked in [
+        format!("POST /v1/jobs/{job}/debug/bridges HTTP/1.1"),
+        "/stream HTTP/1.1".to_string(),
+        "/input HTTP/1.1".to_string(),
+    ] {
+        assert!(sent.contains(&asked), "no {asked:?} in {sent}");
+    }
+    assert!(
+        !sent.contains(&format!("GET /v1/jobs/{job}/debug HTTP")),
+        "{sent}"
     );
     let mut logs = vec!["logs", job.as_str()];
     logs.extend(server_args);
@@ -551,6 +727,17 @@ fn a_server_job_with_debug_on_is_debugged_with_server_url_job() {
     let text = String::from_utf8_lossy(&log.stdout);
     assert!(log.status.success(), "{log:?}");
     assert!(text.contains("results: [70, 71, 72, 73]"), "{text}");
+    // The job has ended: so has the debugger's session.
+    terminal.expect("the run has ended", Duration::from_secs(30));
+    let until = Instant::now() + Duration::from_secs(10);
+    let exited = loop {
+        if let Some(status) = terminal.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < until, "the debugger did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(exited.code(), Some(0));
     // A job without debug on says so.
     let mut plain = vec!["submit"];
     plain.extend(server_args);
@@ -558,7 +745,7 @@ fn a_server_job_with_debug_on_is_debugged_with_server_url_job() {
     let plain = cli(&plain, "");
     let plain_job = String::from_utf8_lossy(&plain.stdout).trim().to_string();
     let mut debug_plain = vec!["debug"];
-    debug_plain.extend(server_args);
+    debug_plain.extend(via_args);
     debug_plain.push(&plain_job);
     let refused = cli(&debug_plain, "quit\n");
     assert_eq!(refused.status.code(), Some(1), "{refused:?}");

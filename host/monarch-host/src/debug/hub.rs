@@ -89,12 +89,18 @@ static HUBS: Mutex<Vec<(String, Weak<Hub>)>> = Mutex::new(Vec::new());
 /// The clock of paused time of the run whose debug token is `token`, if
 /// its hub is in this process.
 pub(crate) fn clock(token: &str) -> Option<Arc<PauseClock>> {
+    find(token).map(|hub| hub.clock.clone())
+}
+
+/// The hub of the run whose debug token is `token`, if it is in this
+/// process (a server's job: its debug bridges reach it through
+/// [`Hub::control`]).
+pub(crate) fn find(token: &str) -> Option<Arc<Hub>> {
     let mut hubs = HUBS.lock().unwrap_or_else(|p| p.into_inner());
     hubs.retain(|(_, hub)| hub.strong_count() > 0);
     hubs.iter()
         .find(|(t, _)| t == token)
         .and_then(|(_, hub)| hub.upgrade())
-        .map(|hub| hub.clock.clone())
 }
 
 impl Hub {

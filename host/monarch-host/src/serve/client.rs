@@ -277,6 +277,48 @@ impl ApiClient {
             }
         }
     }
+
+    /// Opens a debug bridge to running job `id`'s debug hub (a job with
+    /// breakpoints on): `{"bridge", "job", "stream", "input",
+    /// "idle_timeout_s"}`.
+    pub async fn debug_bridge(&self, id: u64) -> Result<serde_json::Value, String> {
+        self.send(self.request(Method::POST, &format!("/v1/jobs/{id}/debug/bridges")))
+            .await
+    }
+
+    /// Debug bridge `bridge`'s stream: `hub` events (the hub's JSON
+    /// lines), then `end`, to read with [`SseParser`].
+    pub async fn debug_bridge_stream(
+        &self,
+        id: u64,
+        bridge: &str,
+    ) -> Result<reqwest::Response, String> {
+        self.open_stream(&format!("/v1/jobs/{id}/debug/bridges/{bridge}/stream"))
+            .await
+    }
+
+    /// Sends `line` to debug bridge `bridge`'s hub.
+    pub async fn debug_bridge_input(
+        &self,
+        id: u64,
+        bridge: &str,
+        line: &str,
+    ) -> Result<serde_json::Value, String> {
+        let path = format!("/v1/jobs/{id}/debug/bridges/{bridge}/input");
+        let body = serde_json::json!({ "line": line });
+        self.send(self.request(Method::POST, &path).json(&body))
+            .await
+    }
+
+    /// Closes debug bridge `bridge`.
+    pub async fn debug_bridge_close(
+        &self,
+        id: u64,
+        bridge: &str,
+    ) -> Result<serde_json::Value, String> {
+        let path = format!("/v1/jobs/{id}/debug/bridges/{bridge}");
+        self.send(self.request(Method::DELETE, &path)).await
+    }
 }
 
 fn error_text(status: StatusCode, body: &[u8]) -> String {

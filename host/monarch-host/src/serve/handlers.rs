@@ -80,6 +80,22 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/v1/jobs/{id}/dumps/{file}", get(job_dump_file))
         .route("/v1/jobs/{id}/stacks", get(job_stacks))
         .route("/v1/jobs/{id}/debug", get(job_debug))
+        .route(
+            "/v1/jobs/{id}/debug/bridges",
+            post(super::debug_bridge::open),
+        )
+        .route(
+            "/v1/jobs/{id}/debug/bridges/{bridge}",
+            delete(super::debug_bridge::close),
+        )
+        .route(
+            "/v1/jobs/{id}/debug/bridges/{bridge}/stream",
+            get(super::debug_bridge::stream),
+        )
+        .route(
+            "/v1/jobs/{id}/debug/bridges/{bridge}/input",
+            post(super::debug_bridge::input),
+        )
         .route("/v1/meshes", post(create_mesh).get(list_meshes))
         .route("/v1/meshes/{name}", delete(delete_mesh))
         .route("/v1/sessions", post(sessions::create).get(sessions::list))
@@ -115,6 +131,10 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         job_dump_file,
         job_stacks,
         job_debug,
+        super::debug_bridge::open,
+        super::debug_bridge::stream,
+        super::debug_bridge::input,
+        super::debug_bridge::close,
         create_mesh,
         list_meshes,
         delete_mesh,
@@ -771,8 +791,10 @@ async fn job_stacks(
     }
 }
 
-/// Where `monarch-host debug --server URL JOB` reaches a running job's
-/// debug hub (a job submitted with `"debug": true`).
+/// Where a running job's debug hub listens (a job submitted with
+/// `"debug": true`), for tools on the server's network; `monarch-host
+/// debug --server URL JOB` goes through a bridge instead
+/// (`debug_bridge`), and needs only the server's address.
 #[utoipa::path(
     get,
     path = "/v1/jobs/{id}/debug",

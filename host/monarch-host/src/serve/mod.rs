@@ -14,6 +14,7 @@
 pub mod api;
 pub mod client;
 mod db;
+mod debug_bridge;
 mod handlers;
 mod jobs;
 mod meshes;
@@ -480,7 +481,9 @@ impl Server {
     /// Stops: cancels unfinished jobs (they are marked failed), waits up
     /// to `grace` for them and for open requests, then stops every mesh.
     pub async fn stop(mut self, grace: Duration) {
-        self.state.sessions.close_all("the server is stopping");
+        self.state
+            .sessions
+            .close_all(&self.state.db, "the server is stopping");
         let live: Vec<Arc<LiveJob>> = self.state.live().values().cloned().collect();
         for job in &live {
             job.cancel("the server is stopping".into());

@@ -63,10 +63,13 @@ impl Sessions {
         self.lock().get(name).cloned()
     }
 
-    /// Ends every session (the server stops): their inputs end with
-    /// `why`.
-    pub(crate) fn close_all(&self, why: &str) {
+    /// Ends every session as the server stops: each is marked `lost`,
+    /// as a restart finds it (SS-4), and its consoles are told `why`.
+    pub(crate) fn close_all(&self, db: &super::db::Db, why: &str) {
         for session in self.lock().values() {
+            if let Err(e) = db.end_session(&session.name, "lost", db::RESTARTED) {
+                tracing::error!(session = %session.name, error = %e, "cannot record the session's end");
+            }
             session.close_inputs();
             session.push(Ev::End(why.to_string()));
         }
@@ -567,7 +570,6 @@ pub(super) async fn list(With(state): With<Arc<State>>) -> Answer<SessionList> {
     sessions.extend(
         ended
             .into_iter()
-            .filter(|row| row.state != "active" || !running.iter().any(|s| s.name == row.name))
             .filter(|row| row.state != "active")
             .map(row_info),
     );
