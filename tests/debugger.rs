@@ -3,120 +3,22 @@
 //! at breakpoints. After the shape of Monarch's `test_debugger.py`.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 const CLI: &str = env!("CARGO_BIN_EXE_monarch-host-cli");
 
-/// A command on a pty whose output is read as it comes.
-struct Terminal {
-    child: Child,
-    master: std::fs::File,
-    output: mpsc::Receiver<Vec<u8>>,
-    /// Output read and not yet consumed by `expect`.
-    pending: String,
-}
+#[path = "support/terminal.rs"]
+mod terminal;
+use terminal::Terminal;
 
-impl Terminal {
-    fn spawn(args: &[&str], cache: &std::path::Path) -> Terminal {
-        let (mut master, mut slave) = (0, 0);
-        // SAFETY: openpty fills two new descriptors.
-        let rc = unsafe {
-            libc::openpty(
-                &mut master,
-                &mut slave,
-                std::ptr::null_mut(),
-                std::ptr::null(),
-                std::ptr::null(),
-            )
-        };
-        assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
-        // No echo: what is read is what the command printed.
-        // SAFETY: `slave` is a terminal we own; termios is plain data.
-        unsafe {
-            let mut termios: libc::termios = std::mem::zeroed();
-            libc::tcgetattr(slave, &mut termios);
-            termios.c_lflag &= !libc::ECHO;
-            libc::tcsetattr(slave, libc::TCSANOW, &termios);
-        }
-        // SAFETY: both descriptors are ours alone from here.
-        let slave = unsafe { OwnedFd::from_raw_fd(slave) };
-        let master = unsafe { std::fs::File::from_raw_fd(master) };
-        let child = Command::new(CLI)
-            .args(args)
-            .env("MONARCH_CACHE_DIR", cache)
-            .stdin(Stdio::from(slave.try_clone().unwrap()))
-            .stdout(Stdio::from(slave.try_clone().unwrap()))
-            .stderr(Stdio::from(slave))
-            .spawn()
-            .expect("start monarch-host debug");
-        let mut reader = master.try_clone().unwrap();
-        let (tx, output) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            loop {
-                match reader.read(&mut buf) {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => {
-                        if tx.send(buf[..n].to_vec()).is_err() {
-                            return;
-                        }
-                    }
-                }
-            }
-        });
-        Terminal {
-            child,
-            master,
-            output,
-            pending: String::new(),
-        }
-    }
+/// How long an answer at the debugger's prompt may take.
+const ASK: Duration = Duration::from_secs(30);
 
-    /// Types `line` and Enter.
-    fn type_line(&mut self, line: &str) {
-        self.master
-            .write_all(format!("{line}\n").as_bytes())
-            .expect("type into the terminal");
-    }
-
-    /// Reads until the output holds `needle`; returns what came before it
-    /// and consumes both.
-    fn expect(&mut self, needle: &str, within: Duration) -> String {
-        let until = Instant::now() + within;
-        loop {
-            if let Some(at) = self.pending.find(needle) {
-                let before = self.pending[..at].to_string();
-                self.pending.drain(..at + needle.len());
-                return before;
-            }
-            let left = until.saturating_duration_since(Instant::now());
-            match self.output.recv_timeout(left) {
-                Ok(bytes) => self
-                    .pending
-                    .push_str(&String::from_utf8_lossy(&bytes).replace('\r', "")),
-                Err(_) => panic!(
-                    "no {needle:?} within {within:?}; the terminal shows:\n{}",
-                    self.pending
-                ),
-            }
-        }
-    }
-
-    /// Types `line` and returns its answer, up to the next `prompt`.
-    fn ask(&mut self, line: &str, prompt: &str) -> String {
-        self.type_line(line);
-        self.expect(prompt, Duration::from_secs(30))
-    }
-}
-
-impl Drop for Terminal {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The debugger on a terminal, with `cache` as its cache.
+fn debugger(args: &[&str], cache: &std::path::Path) -> Terminal {
+    Terminal::spawn(CLI, args, &[("MONARCH_CACHE_DIR", cache.as_os_str())])
 }
 
 /// A `monarch-host run` in the background, its stdout line by line.
@@ -229,7 +131,7 @@ fn breakpoint_lines() -> Vec<usize> {
 fn list_paused(terminal: &mut Terminal, count: usize) -> String {
     let until = Instant::now() + Duration::from_secs(60);
     loop {
-        let table = terminal.ask("list", "monarch_dbg> ");
+        let table = terminal.ask("list", "monarch_dbg> ", ASK);
         let rows = table
             .lines()
             .filter(|l| l.starts_with("trainers-v1"))
@@ -261,7 +163,7 @@ fn four_ranks_pause_and_are_listed_attached_cast_to_and_continued() {
         &cache,
     );
     run.wait_for("breakpoints are on", Duration::from_secs(60));
-    let mut terminal = Terminal::spawn(&["debug"], &cache);
+    let mut terminal = debugger(&["debug"], &cache);
     terminal.expect("monarch_dbg> ", Duration::from_secs(30));
 
     // `list`: the four, each at its own line, with their coordinates.
@@ -284,25 +186,28 @@ fn four_ranks_pause_and_are_listed_attached_cast_to_and_continued() {
 
     // `attach`: the breakpoint's values; `p`; detach and re-attach replay
     // the output since the last input.
-    let attached = terminal.ask("attach trainers-v1 2", "(monarch) ");
+    let attached = terminal.ask("attach trainers-v1 2", "(monarch) ", ASK);
     assert!(attached.contains("attached to trainers-v1 2"), "{attached}");
     assert!(
         attached.contains("x = 7") && attached.contains("doubled = 14"),
         "{attached}"
     );
-    let answer = terminal.ask("p doubled", "(monarch) ");
+    let answer = terminal.ask("p doubled", "(monarch) ", ASK);
     assert_eq!(answer.trim(), "14");
-    assert_eq!(terminal.ask("detach", "monarch_dbg> ").trim(), "detached");
-    let replay = terminal.ask("attach trainers-v1 2", "(monarch) ");
+    assert_eq!(
+        terminal.ask("detach", "monarch_dbg> ", ASK).trim(),
+        "detached"
+    );
+    let replay = terminal.ask("attach trainers-v1 2", "(monarch) ", ASK);
     assert_eq!(
         replay.trim(),
         format!("attached to trainers-v1 2\n{}", answer.trim()),
         "re-attaching replays what came since the last input"
     );
-    terminal.ask("detach", "monarch_dbg> ");
+    terminal.ask("detach", "monarch_dbg> ", ASK);
 
     // `cast ranks(0,3) c` moves only those two.
-    let cast = terminal.ask("cast trainers-v1 ranks(0,3) c", "monarch_dbg> ");
+    let cast = terminal.ask("cast trainers-v1 ranks(0,3) c", "monarch_dbg> ", ASK);
     assert!(
         cast.contains("[trainers-v1 0] continued") && cast.contains("[trainers-v1 3] continued"),
         "{cast}"
@@ -322,7 +227,7 @@ fn four_ranks_pause_and_are_listed_attached_cast_to_and_continued() {
     );
 
     // `continue` completes the original call with its values.
-    let continued = terminal.ask("continue", "monarch_dbg> ");
+    let continued = terminal.ask("continue", "monarch_dbg> ", ASK);
     assert!(
         continued.contains("[trainers-v1 1] continued"),
         "{continued}"
@@ -444,11 +349,11 @@ fn python_breakpoint_gives_pdb() {
         .and_then(|rest| rest.strip_suffix(')'))
         .expect("the run prints its id")
         .to_string();
-    let mut terminal = Terminal::spawn(&["debug", &id], &cache);
+    let mut terminal = debugger(&["debug", &id], &cache);
     terminal.expect("monarch_dbg> ", Duration::from_secs(30));
     let until = Instant::now() + Duration::from_secs(300);
     loop {
-        let table = terminal.ask("list", "monarch_dbg> ");
+        let table = terminal.ask("list", "monarch_dbg> ", ASK);
         if table
             .lines()
             .filter(|l| l.starts_with("py-trainers"))
@@ -463,22 +368,22 @@ fn python_breakpoint_gives_pdb() {
         std::thread::sleep(Duration::from_millis(500));
     }
     // pdb on rank 0: `p x`, `n`, `p y`, then `c`.
-    let attached = terminal.ask("attach py-trainers 0", "(Pdb) ");
+    let attached = terminal.ask("attach py-trainers 0", "(Pdb) ", ASK);
     assert!(attached.contains("debugging.py(19)step()"), "{attached}");
-    assert_eq!(terminal.ask("p x", "(Pdb) ").trim(), "7");
-    let next = terminal.ask("n", "(Pdb) ");
+    assert_eq!(terminal.ask("p x", "(Pdb) ", ASK).trim(), "7");
+    let next = terminal.ask("n", "(Pdb) ", ASK);
     assert!(next.contains("-> z = y + 1"), "{next}");
-    assert_eq!(terminal.ask("p y", "(Pdb) ").trim(), "14");
-    let next = terminal.ask("n", "(Pdb) ");
+    assert_eq!(terminal.ask("p y", "(Pdb) ", ASK).trim(), "14");
+    let next = terminal.ask("n", "(Pdb) ", ASK);
     assert!(next.contains("-> return z * 10"), "{next}");
-    assert_eq!(terminal.ask("p z", "(Pdb) ").trim(), "15");
+    assert_eq!(terminal.ask("p z", "(Pdb) ", ASK).trim(), "15");
     terminal.type_line("c");
     let detached = terminal.expect("monarch_dbg> ", Duration::from_secs(30));
     assert!(detached.contains("[py-trainers 0] continued"), "{detached}");
     // pdb on rank 1 through a cast, then `continue`.
-    let cast = terminal.ask("cast py-trainers ranks(1) p x * 3", "monarch_dbg> ");
+    let cast = terminal.ask("cast py-trainers ranks(1) p x * 3", "monarch_dbg> ", ASK);
     assert!(cast.contains("[py-trainers 1] 21"), "{cast}");
-    let continued = terminal.ask("continue", "monarch_dbg> ");
+    let continued = terminal.ask("continue", "monarch_dbg> ", ASK);
     assert!(
         continued.contains("[py-trainers 1] continued"),
         "{continued}"
@@ -645,13 +550,13 @@ fn a_server_job_with_debug_on_is_debugged_with_server_url_job() {
         let no_job = api.debug_bridge(id + 1000).await.unwrap_err();
         assert!(no_job.contains("404"), "{no_job}");
     });
-    let mut terminal = Terminal::spawn(&debug, &dir.0);
+    let mut terminal = debugger(&debug, &dir.0);
     terminal.expect("monarch_dbg> ", Duration::from_secs(30));
     // The debugger's every TCP connection is to the server's address (the
     // forwarder), and the job's hub has one client on its unix socket:
     // the server's bridge. (The debugger's unix sockets are its runtime's
     // own socket pair.)
-    let sockets: Vec<String> = std::fs::read_dir(format!("/proc/{}/fd", terminal.child.id()))
+    let sockets: Vec<String> = std::fs::read_dir(format!("/proc/{}/fd", terminal.pid()))
         .unwrap()
         .flatten()
         .filter_map(|fd| std::fs::read_link(fd.path()).ok())
@@ -703,7 +608,7 @@ fn a_server_job_with_debug_on_is_debugged_with_server_url_job() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let continued = terminal.ask("continue", "monarch_dbg> ");
+    let continued = terminal.ask("continue", "monarch_dbg> ", ASK);
     assert!(
         continued.contains("[trainers-v1 0] continued"),
         "{continued}"
@@ -729,15 +634,11 @@ fn a_server_job_with_debug_on_is_debugged_with_server_url_job() {
     assert!(text.contains("results: [70, 71, 72, 73]"), "{text}");
     // The job has ended: so has the debugger's session.
     terminal.expect("the run has ended", Duration::from_secs(30));
-    let until = Instant::now() + Duration::from_secs(10);
-    let exited = loop {
-        if let Some(status) = terminal.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < until, "the debugger did not exit");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert_eq!(exited.code(), Some(0));
+    assert_eq!(
+        terminal.exit_code(Duration::from_secs(10)),
+        Some(0),
+        "the debugger exits"
+    );
     // A job without debug on says so.
     let mut plain = vec!["submit"];
     plain.extend(server_args);

@@ -922,13 +922,19 @@ async fn job_logs(With(state): With<Arc<State>>, Path(id): Path<String>) -> Resu
     let id = job_id(&id)?;
     find_job(&state, id)?;
     let live = state.live().get(&id).cloned();
-    let (tx, mut rx) = mpsc::channel::<Event>(256);
+    let (tx, rx) = mpsc::channel::<Event>(256);
     tokio::spawn(follow(state.clone(), id, live, tx));
+    Ok(sse(rx))
+}
+
+/// A Server-Sent Events answer of the events sent to `rx`, with a
+/// keep-alive every 5 s; it ends when every sender is dropped.
+pub(super) fn sse(mut rx: mpsc::Receiver<Event>) -> Response {
     let stream =
         futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|e| e.map(Ok::<_, Infallible>)));
-    Ok(Sse::new(stream)
+    Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(std::time::Duration::from_secs(5)))
-        .into_response())
+        .into_response()
 }
 
 /// Sends the lines of job `id`'s log from the first, following it while

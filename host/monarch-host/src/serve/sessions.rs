@@ -18,7 +18,6 @@
 //!   restarted` (`db`).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -27,15 +26,15 @@ use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::{Path, State as With};
 use axum::http::StatusCode;
-use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
+use axum::response::sse::Event;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::State;
 use super::api::*;
 use super::db::{self, SessionRow};
 use super::handlers::{
-    Answer, Caller, Fail, fail, internal, is_component_id, limits, ok, parse_json,
+    Answer, Caller, Fail, fail, internal, is_component_id, limits, ok, parse_json, sse,
 };
 use super::jobs::{self, SessionStart, Target};
 use super::meshes::validate_mesh_name;
@@ -804,7 +803,7 @@ pub(super) async fn stream(
         replay,
         truncated,
     };
-    let (tx, mut rx) = mpsc::channel::<Event>(256);
+    let (tx, rx) = mpsc::channel::<Event>(256);
     let first = Event::default()
         .event("hello")
         .data(serde_json::to_string(&hello).unwrap_or_default());
@@ -841,11 +840,7 @@ pub(super) async fn stream(
             }
         }
     });
-    let stream =
-        futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|e| e.map(Ok::<_, Infallible>)));
-    Ok(Sse::new(stream)
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(5)))
-        .into_response())
+    Ok(sse(rx))
 }
 
 #[cfg(test)]
