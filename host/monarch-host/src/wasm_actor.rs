@@ -101,8 +101,11 @@ async fn race<T>(
     interrupt: &Interrupt,
     paused: &PauseClock,
 ) -> Ended<T> {
+    // A stop that lands while the guest runs makes the epoch callback end
+    // the export with an error: that is the stop, not a trap of the guest.
     let ended = |result: wasmtime::Result<T>| match result {
         Ok(value) => Ended::Returned(value),
+        Err(_) if interrupt.is_raised() => Ended::Stopped,
         Err(trap) => Ended::Trapped(trap),
     };
     let started = tokio::time::Instant::now();

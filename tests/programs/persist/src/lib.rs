@@ -9,6 +9,8 @@
 //! - `stop NAME`: `stop` through a looked-up handle, which leaves it running.
 //! - `hold NAME`: calls `NAME` through a reference until a call fails
 //!   (it was deleted); prints the error.
+//! - `hold-spin NAME`: makes rank 0 of `NAME` spin in its handler until
+//!   the mesh is deleted; prints the error the call ends with.
 //! - `lookup NAME`: a lookup that must fail; prints why.
 //! - `spawn-twice NAME PROCS`: a spawn under a name in use; prints why it
 //!   failed.
@@ -43,6 +45,15 @@ impl Message for Crash {
     type Reply = ();
 }
 
+/// `spin`: computes until the actor is stopped; never replies.
+#[derive(Serialize, Deserialize)]
+struct Spin;
+
+impl Message for Spin {
+    const ENDPOINT: &'static str = "spin";
+    type Reply = ();
+}
+
 struct Counter {
     total: i64,
 }
@@ -56,7 +67,11 @@ impl Actor for Counter {
     }
 
     fn endpoints(endpoints: &mut Endpoints<Self>) {
-        endpoints.handle::<Add>().handle::<Get>().handle::<Crash>();
+        endpoints
+            .handle::<Add>()
+            .handle::<Get>()
+            .handle::<Crash>()
+            .handle::<Spin>();
     }
 }
 
@@ -76,6 +91,15 @@ impl Handler<Get> for Counter {
 impl Handler<Crash> for Counter {
     async fn handle(&mut self, cx: &Context, _: Crash) -> Result<(), EndpointError> {
         panic!("persistent counter {} was asked to crash", cx.rank());
+    }
+}
+
+impl Handler<Spin> for Counter {
+    async fn handle(&mut self, cx: &Context, _: Spin) -> Result<(), EndpointError> {
+        info!("counter {} spins", cx.rank());
+        loop {
+            core::hint::black_box(());
+        }
     }
 }
 
@@ -149,6 +173,16 @@ async fn main(args: Vec<String>) -> Result<(), String> {
                         break;
                     }
                 }
+            }
+        }
+        "hold-spin" => {
+            let counter = monarch_guest::lookup_actor_mesh::<Counter>(name)?.to_ref();
+            monarch_guest::set_call_timeout(std::time::Duration::from_secs(30));
+            let first = counter.resolve()?.at("procs", 0)?;
+            info!("spinning {name}");
+            match first.call_one(&Spin).await {
+                Err(e) => info!("after the delete: {} ({e})", e.kind()),
+                Ok(()) => return Err("the spin returned".into()),
             }
         }
         "lookup" => match monarch_guest::lookup_actor_mesh::<Counter>(name) {
