@@ -406,6 +406,14 @@ fn start_agent_stderr(net: &NetCluster, i: usize, program: &str, args: &[String]
         .stderr(Stdio::piped())
         .spawn()
         .expect("start monarch-host agent");
+    let addr = serving_addr(&mut child);
+    Agent { child, addr }
+}
+
+/// Reads an agent's stderr up to `monarch-host agent: serving on
+/// tcp:IP:PORT (node N, monarch-host V)` and returns `IP:PORT`; the rest of
+/// its stderr is read and dropped, so that it never blocks on a full pipe.
+fn serving_addr(child: &mut Child) -> String {
     let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
     while !line.contains("serving on") {
@@ -414,9 +422,94 @@ fn start_agent_stderr(net: &NetCluster, i: usize, program: &str, args: &[String]
             panic!("the agent ended: {line}");
         }
     }
-    let addr = line.trim().rsplit(' ').next().unwrap_or_default();
-    Agent {
-        child,
-        addr: addr.trim_start_matches("tcp:").to_string(),
-    }
+    std::thread::spawn(move || for _ in stderr.lines() {});
+    line.split("serving on tcp:")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A `monarch-host agent` on loopback (no namespace), with `extra` flags.
+fn loopback_agent(port: u16, extra: &[&str]) -> Agent {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_monarch-host-cli"))
+        .args(["agent", "--listen", &format!("127.0.0.1:{port}")])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start monarch-host agent");
+    let addr = serving_addr(&mut child);
+    Agent { child, addr }
+}
+
+/// RM-6 and PR-7: an agent killed and started again at the same address
+/// is a new incarnation. The controller's links to the old one are told
+/// so (not refused forever as a sequence gap), the new agent does not know
+/// the controller's session, and the host is lost at once, well inside a
+/// heartbeat timeout of 20 s, saying the agent restarted.
+#[test]
+fn an_agent_restarted_at_the_same_address_is_a_lost_host_at_once() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let mut first = loopback_agent(port, &[]);
+    let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_monarch-host-cli"))
+        .args(["run", "--hosts", &first.addr, "--heartbeat-timeout", "20"])
+        .arg(env!("GUEST_SEMANTICS"))
+        .args(["--", "sleep-call", "1", "60000"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let out = run.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send((Instant::now(), line));
+        }
+    });
+    let (_, line) = lines.recv_timeout(Duration::from_secs(60)).unwrap();
+    assert!(line.contains("calling 1 sleepers"), "{line}");
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = first.child.kill();
+    let _ = first.child.wait();
+    let restarted = Instant::now();
+    let _second = loopback_agent(port, &[]);
+    let (at, line) = lines
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the call ended");
+    let _ = run.kill();
+    let _ = run.wait();
+    assert!(line.contains("the call failed"), "{line}");
+    assert!(
+        line.contains("no longer knows this controller") || line.contains("restarted"),
+        "{line}"
+    );
+    assert!(
+        at - restarted < Duration::from_secs(15),
+        "{:?}: {line}",
+        at - restarted
+    );
+}
+
+/// An agent with no controller for --idle-exit seconds exits by itself.
+#[test]
+fn an_idle_agent_exits_after_its_idle_exit() {
+    let mut agent = loopback_agent(0, &["--idle-exit", "1"]);
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = agent.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the agent is still up"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+    assert!(started.elapsed() >= Duration::from_millis(900));
 }

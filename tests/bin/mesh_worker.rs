@@ -54,12 +54,13 @@ async fn main() -> anyhow::Result<()> {
         let token = args.get(2).cloned();
         let command = BootstrapCommand::current_exe(&[])?;
         let blobs = std::env::temp_dir().join(format!("mesh-agent-blobs-{}", std::process::id()));
-        let proc = hyperactor_mesh::remote::serve_agent(
-            addr.parse()?,
+        let proc = hyperactor_mesh::remote::serve_agent(hyperactor_mesh::remote::AgentConfig {
+            addr: addr.parse()?,
             token,
             command,
-            echo_registry(blobs),
-        )
+            registry: echo_registry(blobs),
+            node: "mesh-worker".into(),
+        })
         .await?;
         println!("AGENT {}", proc.id().addr());
         hyperactor::testing::stdin_closed().await?;

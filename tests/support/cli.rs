@@ -48,12 +48,18 @@ pub fn monarch_host(args: &[&str], limit: Duration) -> Command {
 
 /// [`monarch_host`] with environment variables.
 pub fn monarch_host_env(args: &[&str], limit: Duration, env: &[(&str, &str)]) -> Command {
+    let args: Vec<&str> = std::iter::once("run").chain(args.iter().copied()).collect();
+    monarch_host_command(&args, limit, env)
+}
+
+/// Runs `monarch-host ARGS...` (any subcommand) with environment
+/// variables; kills it and panics past `limit`.
+pub fn monarch_host_command(args: &[&str], limit: Duration, env: &[(&str, &str)]) -> Command {
     use std::io::{BufRead, BufReader, Read};
     use std::process::Stdio;
 
     let started = Instant::now();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_monarch-host-cli"))
-        .arg("run")
         .args(args)
         .envs(env.iter().copied())
         .stdin(Stdio::null())

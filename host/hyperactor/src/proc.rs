@@ -17,6 +17,11 @@
 //! - PR-6: a proc with a cluster token ([`ProcConfig::cluster_token`])
 //!   accepts only connections whose handshake carries the same token; any
 //!   other is closed before a single message is delivered.
+//! - PR-7: a proc restarted at the same address (a new incarnation) tells
+//!   a sender whose link began with the old one so (`Restarted`), instead
+//!   of refusing its frames as a sequence gap forever; the sender's link
+//!   dies at once (LK-7), failing what it held, and the next message opens
+//!   a fresh session.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -835,6 +840,11 @@ async fn accept_loop(
                         Err(FrameError::Io(e)) if peer_gone(&e) => {
                             tracing::debug!(proc = %proc.0.id, error = %e, "a peer closed its connection");
                         }
+                        // Connected and closed without a byte: a TCP probe
+                        // (a readiness check, a port scan), not a peer.
+                        Err(FrameError::Truncated(0)) => {
+                            tracing::debug!(proc = %proc.0.id, "a connection closed before its hello");
+                        }
                         Err(e) => {
                             proc.0.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
                             tracing::warn!(proc = %proc.0.id, error = %e, "closed a connection after a bad frame");
@@ -895,6 +905,9 @@ async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
     .map_err(|_| FrameError::Invalid("no hello within the handshake timeout".into()))??;
     let (session_id, from) = hello;
     tracing::debug!(proc = %proc.0.id, %from, "accepted a link");
+    // A session this proc has never seen whose first frame is numbered
+    // past 1 began with an earlier incarnation of this proc (PR-7).
+    let mut fresh = !proc.0.sessions.lock().contains_key(&session_id);
     let session = proc.session(session_id);
     let mut type_names = TypeNames::default();
     let mut delivered = 0u64;
@@ -907,6 +920,15 @@ async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
             if header.kind != FrameKind::Data {
                 return Err(FrameError::BadKind(header.kind as u8));
             }
+            if fresh && header.seq > 1 {
+                proc.0.sessions.lock().remove(&session_id);
+                tracing::info!(proc = %proc.0.id, %from, seq = header.seq, "a peer's link began with an earlier incarnation of this proc; told it so");
+                let _ = wr
+                    .write_all(&small_frame(FrameKind::Restarted, 0, &[]))
+                    .await;
+                return Ok(());
+            }
+            fresh = false;
             let bytes = reader.body(body);
             let mut last = session.lock();
             if header.seq <= *last {
@@ -1468,6 +1490,73 @@ mod tests {
             .unwrap();
         assert_eq!(stats.received, 3, "each frame delivered once");
         assert_eq!(b.stats().duplicates_dropped.load(Ordering::Relaxed), 3);
+    }
+
+    /// A connection that closes before its first byte (a readiness probe,
+    /// a port scan) is no bad frame: nothing is counted or warned about.
+    #[tokio::test]
+    async fn a_probe_that_connects_and_hangs_up_is_not_a_bad_frame() {
+        use crate::channel::transport;
+
+        let b = local("b").await;
+        for _ in 0..3 {
+            drop(transport::connect(b.id().addr()).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(b.stats().bad_frames.load(Ordering::Relaxed), 0);
+        // A connection that breaks off inside its hello still is one.
+        let (_rd, wr) = transport::connect(b.id().addr())
+            .await
+            .unwrap()
+            .into_split()
+            .unwrap();
+        wr.write_all(&small_frame(FrameKind::Hello, 1, b"peer")[..10])
+            .await
+            .unwrap();
+        drop(wr);
+        drop(_rd);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(b.stats().bad_frames.load(Ordering::Relaxed), 1);
+    }
+
+    /// PR-7: a session this proc never saw, whose first frame is numbered
+    /// past 1, began with an earlier incarnation: the proc answers
+    /// `Restarted` and delivers nothing; a new session from 1 is accepted.
+    #[tokio::test]
+    async fn a_link_from_an_earlier_incarnation_is_told_of_the_restart() {
+        use crate::channel::transport;
+
+        let b = local("b").await;
+        let frame = |seq: u64| {
+            let mut frame = frame_buffer(8);
+            frame.extend_from_slice(&[0u8; 8]);
+            finish_frame(&mut frame, FrameKind::Data, seq);
+            frame
+        };
+        let (mut rd, wr) = transport::connect(b.id().addr())
+            .await
+            .unwrap()
+            .into_split()
+            .unwrap();
+        wr.write_all(&small_frame(FrameKind::Hello, 5150, b"peer"))
+            .await
+            .unwrap();
+        wr.write_all(&frame(6)).await.unwrap();
+        let mut reader = FrameReader::new(1 << 16);
+        let answer = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                if let Some((header, _)) = reader.next_frame().unwrap() {
+                    break Some(header.kind);
+                }
+                if !reader.fill(&mut rd).await.unwrap() {
+                    break None;
+                }
+            }
+        })
+        .await
+        .expect("an answer within 5 s");
+        assert_eq!(answer, Some(FrameKind::Restarted));
+        assert_eq!(b.stats().bad_frames.load(Ordering::Relaxed), 0);
     }
 
     /// A connection polls twice as long as its frames have lately taken to

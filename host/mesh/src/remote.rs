@@ -18,6 +18,16 @@
 //! - RM-4: every proc of a cluster with a token (agents, the procs they
 //!   start, the controller's) requires it of the procs that connect to it
 //!   (hyperactor's PR-6), so strangers cannot reach any of them.
+//! - RM-5: a controller says hello to every agent before anything else;
+//!   an agent of another monarch-host version is refused, naming both.
+//! - RM-6: each start of an agent has a fresh random incarnation, which
+//!   answers every heartbeat. A controller that sees another incarnation,
+//!   or an agent that no longer knows its session, at an address it uses
+//!   knows the agent restarted: the host is lost at once, and its procs
+//!   with it, instead of after the host timeout.
+//! - RM-7: an agent told to go (`monarch-host agent` on SIGTERM, e.g. a
+//!   Slurm job cancelled or out of time) reports each of its procs stopped
+//!   with the reason it was given, before stopping them.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -76,6 +86,29 @@ pub struct AgentSpawn {
     pub reply: OncePortRef<Result<Vec<(ProcId, u32)>, String>>,
 }
 
+/// The first request of a controller (RM-5): checks the token and the
+/// version, and learns the agent's incarnation.
+#[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct AgentHello {
+    /// The cluster token.
+    pub token: String,
+    /// The controller's monarch-host version.
+    pub version: String,
+    /// Who the agent is, or why it refuses.
+    pub reply: OncePortRef<Result<AgentInfo, String>>,
+}
+
+/// What an agent says of itself.
+#[derive(Debug, Clone, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct AgentInfo {
+    /// Its monarch-host version.
+    pub version: String,
+    /// Random, fresh at every start of the agent (RM-6).
+    pub incarnation: u64,
+    /// The node it runs on.
+    pub node: String,
+}
+
 /// Keeps a session alive.
 #[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub struct AgentHeartbeat {
@@ -83,8 +116,8 @@ pub struct AgentHeartbeat {
     pub token: String,
     /// The session.
     pub session: String,
-    /// Ok while the agent knows the session.
-    pub reply: OncePortRef<Result<(), String>>,
+    /// The agent's incarnation while it knows the session (RM-6).
+    pub reply: OncePortRef<Result<u64, String>>,
 }
 
 /// Stores a blob on the agent's host.
@@ -141,13 +174,36 @@ struct Session {
     keepalive: Duration,
 }
 
+/// What an agent and its handle share.
+struct Shared {
+    sessions: Mutex<HashMap<String, Session>>,
+    /// Set once the agent is told to go (RM-7): every proc's end is
+    /// reported with this reason.
+    going: Mutex<Option<String>>,
+    /// Since when the agent has had no session.
+    idle_since: Mutex<Option<Instant>>,
+    info: AgentInfo,
+}
+
+impl Shared {
+    /// Notes whether any session is left.
+    fn note_sessions(&self, sessions: &HashMap<String, Session>) {
+        let mut idle = self.idle_since.lock();
+        match (sessions.is_empty(), idle.is_some()) {
+            (true, false) => *idle = Some(Instant::now()),
+            (false, true) => *idle = None,
+            _ => {}
+        }
+    }
+}
+
 /// The agent of one host; see the module docs.
 pub struct HostAgent {
     token: String,
     command: BootstrapCommand,
     registry: Arc<Registry>,
     ip: IpAddr,
-    sessions: Arc<Mutex<HashMap<String, Session>>>,
+    shared: Arc<Shared>,
 }
 
 /// Whether `given` is the agent's token (none: the empty token), in time
@@ -172,6 +228,7 @@ impl HostAgent {
 impl Actor for HostAgent {
     fn exports(exports: &mut Exports<Self>) {
         exports
+            .handle::<AgentHello>()
             .handle::<AgentSpawn>()
             .handle::<AgentHeartbeat>()
             .handle::<AgentPutBlob>()
@@ -182,16 +239,17 @@ impl Actor for HostAgent {
 
     async fn init(&mut self, _cx: &Context<Self>) -> anyhow::Result<()> {
         // RM-2: sessions whose controller went quiet end with their procs.
-        let sessions = Arc::downgrade(&self.sessions);
+        let shared = Arc::downgrade(&self.shared);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(200));
             loop {
                 tick.tick().await;
-                let Some(sessions) = sessions.upgrade() else {
+                let Some(shared) = shared.upgrade() else {
                     return;
                 };
                 let now = Instant::now();
-                sessions.lock().retain(|id, session| {
+                let mut sessions = shared.sessions.lock();
+                sessions.retain(|id, session| {
                     let alive = now.duration_since(session.last_heard) < session.keepalive;
                     if !alive {
                         tracing::warn!(session = %id, "controller silent past the keepalive; stopping its procs");
@@ -199,8 +257,27 @@ impl Actor for HostAgent {
                     }
                     alive
                 });
+                shared.note_sessions(&sessions);
             }
         });
+        Ok(())
+    }
+}
+
+impl Handler<AgentHello> for HostAgent {
+    async fn handle(&mut self, cx: &Context<Self>, hello: AgentHello) -> anyhow::Result<()> {
+        let info = &self.shared.info;
+        let result = self.check(&hello.token).and_then(|()| {
+            if hello.version == info.version {
+                Ok(info.clone())
+            } else {
+                Err(format!(
+                    "version mismatch: the agent on {} runs monarch-host {}, the controller {}; run the same version on both",
+                    info.node, info.version, hello.version
+                ))
+            }
+        });
+        hello.reply.send(cx, result);
         Ok(())
     }
 }
@@ -225,8 +302,8 @@ impl Handler<AgentSpawn> for HostAgent {
             return Ok(());
         }
         let allocator = {
-            let mut sessions = self.sessions.lock();
-            match sessions.get_mut(&request.session) {
+            let mut sessions = self.shared.sessions.lock();
+            let allocator = match sessions.get_mut(&request.session) {
                 Some(session) => {
                     session.last_heard = Instant::now();
                     session.allocator.clone()
@@ -256,13 +333,21 @@ impl Handler<AgentSpawn> for HostAgent {
                     );
                     allocator
                 }
-            }
+            };
+            self.shared.note_sessions(&sessions);
+            allocator
         };
-        // Ends of procs go to the controller as they happen.
+        // Ends of procs go to the controller as they happen; once the
+        // agent is told to go, with the reason it was given (RM-7).
         let (stopped, mut stopped_rx) = mpsc::unbounded_channel();
         let (events, mailbox) = (request.events.clone(), (**cx).clone());
+        let shared = Arc::downgrade(&self.shared);
         tokio::spawn(async move {
-            while let Some(event) = stopped_rx.recv().await {
+            while let Some(mut event) = stopped_rx.recv().await {
+                let going = shared.upgrade().and_then(|s| s.going.lock().clone());
+                if let (Some(going), MeshEvent::ProcStopped { reason, .. }) = (going, &mut event) {
+                    *reason = going;
+                }
                 events.send(&mailbox, event);
             }
         });
@@ -284,12 +369,12 @@ impl Handler<AgentSpawn> for HostAgent {
 impl Handler<AgentHeartbeat> for HostAgent {
     async fn handle(&mut self, cx: &Context<Self>, beat: AgentHeartbeat) -> anyhow::Result<()> {
         let result = self.check(&beat.token).and_then(|()| {
-            match self.sessions.lock().get_mut(&beat.session) {
+            match self.shared.sessions.lock().get_mut(&beat.session) {
                 Some(session) => {
                     session.last_heard = Instant::now();
-                    Ok(())
+                    Ok(self.shared.info.incarnation)
                 }
-                None => Err(format!("no session {}", beat.session)),
+                None => Err(format!("{NO_SESSION} {}", beat.session)),
             }
         });
         beat.reply.send(cx, result);
@@ -319,7 +404,7 @@ impl Handler<AgentPutBlob> for HostAgent {
 impl Handler<AgentKill> for HostAgent {
     async fn handle(&mut self, cx: &Context<Self>, request: AgentKill) -> anyhow::Result<()> {
         let result = self.check(&request.token).and_then(|()| {
-            let sessions = self.sessions.lock();
+            let sessions = self.shared.sessions.lock();
             let session = sessions
                 .get(&request.session)
                 .ok_or_else(|| format!("no session {}", request.session))?;
@@ -336,7 +421,7 @@ impl Handler<AgentKill> for HostAgent {
 impl Handler<AgentStopProcs> for HostAgent {
     async fn handle(&mut self, _cx: &Context<Self>, request: AgentStopProcs) -> anyhow::Result<()> {
         if self.check(&request.token).is_ok()
-            && let Some(session) = self.sessions.lock().get(&request.session)
+            && let Some(session) = self.shared.sessions.lock().get(&request.session)
         {
             session.allocator.stop(&request.procs);
         }
@@ -346,10 +431,12 @@ impl Handler<AgentStopProcs> for HostAgent {
 
 impl Handler<AgentStop> for HostAgent {
     async fn handle(&mut self, _cx: &Context<Self>, request: AgentStop) -> anyhow::Result<()> {
-        if self.check(&request.token).is_ok()
-            && let Some(session) = self.sessions.lock().remove(&request.session)
-        {
-            session.allocator.stop_all();
+        if self.check(&request.token).is_ok() {
+            let mut sessions = self.shared.sessions.lock();
+            if let Some(session) = sessions.remove(&request.session) {
+                session.allocator.stop_all();
+            }
+            self.shared.note_sessions(&sessions);
         }
         Ok(())
     }
@@ -373,14 +460,85 @@ pub enum AgentError {
     Serve(String),
 }
 
-/// Serves a host agent on `addr` (RM-1); procs start as `command`, and the
-/// host keeps blobs where `registry` says. Returns the agent's proc.
-pub async fn serve_agent(
-    addr: ChannelAddr,
-    token: Option<String>,
-    command: BootstrapCommand,
-    registry: Registry,
-) -> Result<Proc, AgentError> {
+/// What [`serve_agent`] needs.
+pub struct AgentConfig {
+    /// Where to listen: `tcp:IP:PORT` with a specific IP (port 0 picks
+    /// one).
+    pub addr: ChannelAddr,
+    /// The cluster token; required off loopback (RM-1).
+    pub token: Option<String>,
+    /// How procs start.
+    pub command: BootstrapCommand,
+    /// Where the host keeps blobs, and the actors it can make.
+    pub registry: Registry,
+    /// The node this runs on, as reasons name it.
+    pub node: String,
+}
+
+/// A running agent: its proc, and what can be asked of it.
+pub struct Agent {
+    proc: Proc,
+    shared: Arc<Shared>,
+}
+
+impl std::ops::Deref for Agent {
+    type Target = Proc;
+
+    fn deref(&self) -> &Proc {
+        &self.proc
+    }
+}
+
+impl Agent {
+    /// Who it is (RM-5, RM-6).
+    pub fn info(&self) -> &AgentInfo {
+        &self.shared.info
+    }
+
+    /// How long it has been without a controller; None while it has one.
+    pub fn idle_for(&self) -> Option<Duration> {
+        self.shared.idle_since.lock().map(|since| since.elapsed())
+    }
+
+    /// Stops every session's procs, reporting each stopped with `reason`
+    /// (RM-7); returns once they have ended or `grace` has passed.
+    pub async fn go(&self, reason: String, grace: Duration) {
+        *self.shared.going.lock() = Some(reason);
+        let allocators: Vec<Arc<LocalAllocator>> = self
+            .shared
+            .sessions
+            .lock()
+            .values()
+            .map(|s| s.allocator.clone())
+            .collect();
+        for allocator in &allocators {
+            allocator.stop_all();
+        }
+        let until = Instant::now() + grace;
+        while Instant::now() < until && allocators.iter().any(|a| !a.pids().is_empty()) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The last reports leave through the agent's proc.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The start of an error that means the agent no longer knows a session.
+const NO_SESSION: &str = "no session";
+
+/// The monarch-host version agents and controllers compare (RM-5).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Serves a host agent (RM-1); procs start as `config.command`, and the
+/// host keeps blobs where `config.registry` says.
+pub async fn serve_agent(config: AgentConfig) -> Result<Agent, AgentError> {
+    let AgentConfig {
+        addr,
+        token,
+        command,
+        registry,
+        node,
+    } = config;
     let ChannelAddr::Tcp(socket) = &addr else {
         return Err(AgentError::BadAddress(addr));
     };
@@ -400,16 +558,41 @@ pub async fn serve_agent(
     let proc = Proc::serve_with_config("agent", addr, config)
         .await
         .map_err(|e| AgentError::Serve(e.to_string()))?;
+    let shared = Arc::new(Shared {
+        sessions: Mutex::default(),
+        going: Mutex::default(),
+        idle_since: Mutex::new(Some(Instant::now())),
+        info: AgentInfo {
+            version: VERSION.to_string(),
+            incarnation: incarnation(),
+            node,
+        },
+    });
     let agent = HostAgent {
         token,
         command,
         registry: Arc::new(registry),
         ip,
-        sessions: Arc::default(),
+        shared: shared.clone(),
     };
     proc.spawn(HOST_AGENT, 0, agent)
         .map_err(|e| AgentError::Serve(e.to_string()))?;
-    Ok(proc)
+    Ok(Agent { proc, shared })
+}
+
+/// A random incarnation (RM-6): the clock's nanoseconds mixed with the
+/// pid and an address, which differ at every start.
+fn incarnation() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    hasher.write_u32(std::process::id());
+    hasher.finish()
 }
 
 fn agent_port<M: hyperactor::RemoteMessage>(agent: &ChannelAddr) -> Result<PortRef<M>, String> {
@@ -422,6 +605,8 @@ struct Host {
     addr: ChannelAddr,
     procs: Vec<ProcId>,
     lost: bool,
+    /// What the agent said in its hello (RM-5).
+    info: Option<AgentInfo>,
 }
 
 /// Starts procs through agents on other hosts; see the module docs.
@@ -482,6 +667,7 @@ impl RemoteAllocator {
                         addr,
                         procs: Vec::new(),
                         lost: false,
+                        info: None,
                     })
                     .collect(),
             )),
@@ -495,18 +681,51 @@ impl RemoteAllocator {
             .iter()
             .map(|h| h.addr.clone())
             .collect();
-        for addr in &addrs {
-            allocator
-                .ping(addr, true)
-                .await
-                .map_err(|e| AllocError(format!("agent at {addr}: {e}")))?;
+        let hellos = addrs.iter().map(|addr| {
+            let allocator = allocator.clone();
+            async move {
+                let info = allocator.hello(addr).await?;
+                allocator.ping(addr, true).await?;
+                Ok::<_, String>(info)
+            }
+        });
+        let infos = futures::future::join_all(hellos).await;
+        for (index, (addr, info)) in addrs.iter().zip(infos).enumerate() {
+            let info = info.map_err(|e| AllocError(format!("agent at {addr}: {e}")))?;
+            allocator.hosts.lock()[index].info = Some(info);
         }
         allocator.start_heartbeats();
         Ok(allocator)
     }
 
+    /// The agent's hello (RM-5).
+    async fn hello(&self, addr: &ChannelAddr) -> Result<AgentInfo, String> {
+        let port = agent_port::<AgentHello>(addr)?;
+        let reply = self.mailbox.start_call(port.id(), |reply| AgentHello {
+            token: self.token.clone(),
+            version: VERSION.to_string(),
+            reply,
+        });
+        match reply.recv_timeout(self.liveness.host_timeout).await {
+            Ok(result) => result,
+            Err(e) => Err(format!(
+                "no answer ({e}): is the agent running there, with the same cluster token (--token-file)?"
+            )),
+        }
+    }
+
+    /// What each agent said in its hello, in host order.
+    pub fn agents(&self) -> Vec<(ChannelAddr, Option<AgentInfo>)> {
+        self.hosts
+            .lock()
+            .iter()
+            .map(|h| (h.addr.clone(), h.info.clone()))
+            .collect()
+    }
+
     /// Asks `addr` whether it is alive; `open` creates the session.
-    async fn ping(&self, addr: &ChannelAddr, open: bool) -> Result<(), String> {
+    /// A heartbeat answers the agent's incarnation.
+    async fn ping(&self, addr: &ChannelAddr, open: bool) -> Result<u64, String> {
         if open {
             // An empty spawn opens the session and checks the token.
             let port = agent_port::<AgentSpawn>(addr)?;
@@ -520,7 +739,7 @@ impl RemoteAllocator {
                 reply,
             });
             return match reply.recv_timeout(self.liveness.host_timeout).await {
-                Ok(result) => result.map(|_| ()),
+                Ok(result) => result.map(|_| 0),
                 Err(e) => Err(format!(
                     "no answer ({e}): is the agent running there, with the same cluster token (--token-file)?"
                 )),
@@ -547,20 +766,44 @@ impl RemoteAllocator {
                 let mut last_ok = Instant::now();
                 loop {
                     let Some(this) = weak.upgrade() else { return };
-                    let (addr, lost) = {
+                    let (addr, lost, known) = {
                         let hosts = this.hosts.lock();
-                        (hosts[index].addr.clone(), hosts[index].lost)
+                        let host = &hosts[index];
+                        let known = host.info.as_ref().map(|i| i.incarnation);
+                        (host.addr.clone(), host.lost, known)
                     };
                     if lost {
                         return;
                     }
                     let started = Instant::now();
-                    match this.ping(&addr, false).await {
-                        Ok(()) => last_ok = Instant::now(),
-                        Err(e) => tracing::debug!(%addr, error = %e, "missed heartbeat"),
+                    // RM-6: another incarnation, or an agent that lost
+                    // the session, is a restarted agent: lost at once.
+                    let restarted = match this.ping(&addr, false).await {
+                        Ok(incarnation) if known.is_none_or(|k| k == incarnation) => {
+                            last_ok = Instant::now();
+                            None
+                        }
+                        Ok(_) => {
+                            Some("the agent there restarted (another incarnation)".to_string())
+                        }
+                        Err(e) if e.starts_with(NO_SESSION) => Some(format!(
+                            "the agent there no longer knows this controller ({e}): it restarted, or timed the session out"
+                        )),
+                        Err(e) => {
+                            tracing::debug!(%addr, error = %e, "missed heartbeat");
+                            None
+                        }
+                    };
+                    if let Some(why) = restarted {
+                        this.host_lost(index, why);
+                        return;
                     }
                     if last_ok.elapsed() >= this.liveness.host_timeout {
-                        this.host_lost(index, last_ok.elapsed());
+                        let silent = last_ok.elapsed();
+                        this.host_lost(
+                            index,
+                            format!("no heartbeat answered for {} ms", silent.as_millis()),
+                        );
                         return;
                     }
                     let pause = this.liveness.heartbeat.saturating_sub(started.elapsed());
@@ -572,22 +815,19 @@ impl RemoteAllocator {
     }
 
     /// RM-3: every proc of a lost host is reported stopped, once.
-    fn host_lost(&self, index: usize, silent: Duration) {
+    fn host_lost(&self, index: usize, why: String) {
         let (addr, procs) = {
             let mut hosts = self.hosts.lock();
             let host = &mut hosts[index];
             host.lost = true;
             (host.addr.clone(), std::mem::take(&mut host.procs))
         };
-        tracing::warn!(%addr, "host lost: no heartbeat answered for {silent:?}");
+        tracing::warn!(%addr, "host lost: {why}");
         if let Some(stopped) = self.stopped.lock().as_ref() {
             for proc in procs {
                 let _ = stopped.send(MeshEvent::ProcStopped {
                     proc,
-                    reason: format!(
-                        "lost with its host {addr} (no heartbeat answered for {} ms)",
-                        silent.as_millis()
-                    ),
+                    reason: format!("lost with its host {addr} ({why})"),
                 });
             }
         }
@@ -774,6 +1014,54 @@ impl Allocator for Arc<RemoteAllocator> {
     }
 }
 
+/// Says hello to each agent at `agents` (RM-5) without opening a
+/// session: what each answered and how long it took, or why it did not.
+/// For `slurm status` and `slurm up`'s check of every agent.
+pub async fn probe(
+    agents: &[ChannelAddr],
+    token: &str,
+    timeout: Duration,
+) -> Vec<Result<(AgentInfo, Duration), String>> {
+    let Some(first) = agents.first() else {
+        return Vec::new();
+    };
+    let ip = local_ip_towards(first).unwrap_or(IpAddr::from([127, 0, 0, 1]));
+    let local = ChannelAddr::Tcp(std::net::SocketAddr::new(ip, 0));
+    let config = hyperactor::ProcConfig {
+        cluster_token: hyperactor::ClusterToken::new(token),
+        ..hyperactor::ProcConfig::default()
+    };
+    let proc = match Proc::serve_with_config("probe", local, config).await {
+        Ok(proc) => proc,
+        Err(e) => {
+            let why = format!("cannot start a proc to reach the agents: {e}");
+            return agents.iter().map(|_| Err(why.clone())).collect();
+        }
+    };
+    let mailbox = match proc.attach("probe") {
+        Ok((mailbox, _undeliverable)) => mailbox,
+        Err(e) => return agents.iter().map(|_| Err(e.to_string())).collect(),
+    };
+    let calls = agents.iter().map(|addr| {
+        let mailbox = mailbox.clone();
+        async move {
+            let port = agent_port::<AgentHello>(addr)?;
+            let started = Instant::now();
+            let reply = mailbox.start_call(port.id(), |reply| AgentHello {
+                token: token.to_string(),
+                version: VERSION.to_string(),
+                reply,
+            });
+            match reply.recv_timeout(timeout).await {
+                Ok(Ok(info)) => Ok((info, started.elapsed())),
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(format!("no answer within {timeout:?} ({e})")),
+            }
+        }
+    });
+    futures::future::join_all(calls).await
+}
+
 /// The local address from which this machine reaches `peer`: where a
 /// controller listens so that procs on `peer`'s host can reach it.
 pub fn local_ip_towards(peer: &ChannelAddr) -> Option<IpAddr> {
@@ -804,22 +1092,24 @@ mod tests {
             args: vec![],
         };
         let registry = || Registry::new(std::env::temp_dir());
-        let err = serve_agent(
-            "tcp:10.1.2.3:0".parse().unwrap(),
-            None,
-            command.clone(),
-            registry(),
-        )
+        let err = serve_agent(AgentConfig {
+            addr: "tcp:10.1.2.3:0".parse().unwrap(),
+            token: None,
+            command: command.clone(),
+            registry: registry(),
+            node: "test".into(),
+        })
         .await
         .err()
         .expect("refused");
         assert!(matches!(err, AgentError::NoToken(_)), "{err}");
-        let err = serve_agent(
-            "tcp:0.0.0.0:0".parse().unwrap(),
-            Some("t".into()),
-            command.clone(),
-            registry(),
-        )
+        let err = serve_agent(AgentConfig {
+            addr: "tcp:0.0.0.0:0".parse().unwrap(),
+            token: Some("t".into()),
+            command: command.clone(),
+            registry: registry(),
+            node: "test".into(),
+        })
         .await
         .err()
         .expect("refused");
@@ -831,12 +1121,13 @@ mod tests {
         };
         // RM-4: a controller with the wrong token does not get through the
         // agent's channel, and is told to check the token.
-        let agent = serve_agent(
-            "tcp:127.0.0.1:0".parse().unwrap(),
-            Some("right".into()),
-            command.clone(),
-            registry(),
-        )
+        let agent = serve_agent(AgentConfig {
+            addr: "tcp:127.0.0.1:0".parse().unwrap(),
+            token: Some("right".into()),
+            command: command.clone(),
+            registry: registry(),
+            node: "test".into(),
+        })
         .await
         .unwrap();
         let wrong = RemoteAllocator::new(
@@ -851,12 +1142,13 @@ mod tests {
         assert!(wrong.to_string().contains("cluster token"), "{wrong}");
         // A controller with a token and an agent without one cannot talk
         // either: the agent's replies do not carry the token.
-        let open = serve_agent(
-            "tcp:127.0.0.1:0".parse().unwrap(),
-            None,
+        let open = serve_agent(AgentConfig {
+            addr: "tcp:127.0.0.1:0".parse().unwrap(),
+            token: None,
             command,
-            registry(),
-        )
+            registry: registry(),
+            node: "test".into(),
+        })
         .await
         .unwrap();
         let wrong = RemoteAllocator::new(

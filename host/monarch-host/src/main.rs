@@ -8,7 +8,9 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use monarch_host::{DirGrant, Grants, Placement, RunError, Sandbox, parse_env};
 
+mod k8s_cli;
 mod serve_cli;
+mod slurm_cli;
 
 /// Runs single-controller distributed programs: a sandboxed WebAssembly
 /// controller that spawns meshes of procs and actors, calls them, and
@@ -83,6 +85,16 @@ enum Command {
     ///
     /// Example: monarch-host stacks --stuck-after 30
     Stacks(monarch_host::debug::stacks::StacksArgs),
+    /// Brings up agents on a Slurm cluster (`up`, `status`, `down`), or
+    /// runs a program inside an allocation that ends with it (`run`).
+    ///
+    /// Example: monarch-host slurm up --name train --nodes 4 --partition gpu
+    Slurm(slurm_cli::SlurmArgs),
+    /// Prints Kubernetes manifests for agents, attaches to their pods, and
+    /// deletes them.
+    ///
+    /// Example: monarch-host k8s manifest --name train --replicas 4 --image IMG
+    K8s(k8s_cli::K8sArgs),
     /// Serves one proc of a mesh; monarch-host starts it, not users.
     #[command(hide = true)]
     Bootstrap,
@@ -100,12 +112,20 @@ struct RunArgs {
     procs: u32,
     /// Runs the procs inside this process instead of as child
     /// processes: calls are cheaper, but a crash ends everything.
-    #[arg(long, conflicts_with_all = ["hosts", "hosts_file"])]
+    #[arg(long, conflicts_with_all = ["hosts", "hosts_file", "cluster"])]
     in_process: bool,
     /// Runs the procs on other machines, through the agents at these
     /// addresses (`IP:PORT` or `HOST:PORT`, comma-separated), round-robin.
-    #[arg(long, value_delimiter = ',', conflicts_with = "hosts_file")]
+    /// `ssh:[USER@]HOST[:PORT],...` starts the agents over ssh first (the
+    /// binary is copied where missing, the token goes on stdin) and stops
+    /// them when the run ends; $MONARCH_SSH is the ssh command to use
+    /// (default `ssh`).
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["hosts_file", "cluster"])]
     hosts: Vec<String>,
+    /// Runs the procs on the agents of a cluster that `monarch-host slurm
+    /// up` (or `k8s attach`) brought up under this name, with its token.
+    #[arg(long, conflicts_with = "hosts_file")]
+    cluster: Option<String>,
     /// Like --hosts, one agent address per line (`#` starts a comment).
     #[arg(long)]
     hosts_file: Option<PathBuf>,
@@ -227,14 +247,31 @@ struct BuildArgs {
 
 #[derive(Debug, clap::Args)]
 struct AgentArgs {
-    /// Where to listen for controllers: IP:PORT with a specific IP, which
-    /// is also where this machine's procs are reached.
+    /// Where to listen for controllers: IP:PORT or HOST:PORT with a
+    /// specific address, which is also where this machine's procs are
+    /// reached. Port 0 picks a free port (see --address-file).
     #[arg(long)]
     listen: String,
     /// A file holding the cluster token; controllers must present it.
-    /// Required unless the address is a loopback one.
+    /// Required unless the address is a loopback one. `-` reads it from
+    /// the first line of stdin, and then the agent exits when stdin closes
+    /// (how `run --hosts ssh:...` starts agents). The token is never an
+    /// argument: `ps` would show it.
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// Writes the address the agent listens on (`tcp:IP:PORT` and a
+    /// newline) to this file once it listens: how `slurm up` finds agents
+    /// that listen on port 0.
+    #[arg(long)]
+    address_file: Option<PathBuf>,
+    /// Exits after this many seconds without a controller (0: never), so
+    /// that a forgotten allocation ends. Slurm's agents use it.
+    #[arg(long, default_value_t = 600.0)]
+    idle_exit: f64,
+    /// The node's name in reasons such as `host lost: NODE (slurm:
+    /// CANCELLED)`. Default: $SLURMD_NODENAME, else the host name.
+    #[arg(long)]
+    node: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -245,6 +282,7 @@ fn main() -> ExitCode {
         in_process,
         hosts,
         hosts_file,
+        cluster,
         token_file,
         heartbeat_timeout,
         fanout,
@@ -266,6 +304,8 @@ fn main() -> ExitCode {
     } = match cli.command {
         Command::Bootstrap => return bootstrap(),
         Command::Agent(args) => return agent(args),
+        Command::Slurm(args) => return slurm_cli::command(args),
+        Command::K8s(args) => return k8s_cli::command(args),
         Command::Serve(args) => {
             init_tracing();
             return serve_cli::serve(args);
@@ -300,7 +340,28 @@ fn main() -> ExitCode {
     // A program's tensor fetches and all-reduces pass multi-MiB chunks
     // through this process, as through its child procs (which do the same).
     hyperactor_mesh::alloc::keep_freed_memory();
-    let placement = if !hosts.is_empty() || hosts_file.is_some() {
+    // Agents started over ssh live as long as this binding.
+    let mut _ssh_agents = None;
+    let placement = if let Some(name) = &cluster {
+        match cluster_placement(name, token_file, heartbeat_timeout) {
+            Ok(placement) => placement,
+            Err(e) => {
+                eprintln!("monarch-host: error: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else if hosts.first().is_some_and(|h| h.starts_with("ssh:")) {
+        match ssh_placement(&hosts.join(","), token_file, heartbeat_timeout) {
+            Ok((placement, agents)) => {
+                _ssh_agents = Some(agents);
+                placement
+            }
+            Err(e) => {
+                eprintln!("monarch-host: error: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else if !hosts.is_empty() || hosts_file.is_some() {
         match remote_placement(hosts, hosts_file, token_file, heartbeat_timeout) {
             Ok(placement) => placement,
             Err(e) => {
@@ -456,6 +517,10 @@ fn init_tracing() {
 /// A child proc: serves until its parent goes away.
 fn bootstrap() -> ExitCode {
     init_tracing();
+    if std::env::var_os(IGNORE_SIGTERM_ENV).is_some() {
+        // SAFETY: setting a signal's disposition to SIG_IGN.
+        unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -532,6 +597,14 @@ fn remote_placement(
             );
         }
     };
+    hosts_placement(agents, token, heartbeat_timeout)
+}
+
+fn hosts_placement(
+    agents: Vec<hyperactor::ChannelAddr>,
+    token: String,
+    heartbeat_timeout: f64,
+) -> Result<Placement, String> {
     if !(heartbeat_timeout.is_finite() && heartbeat_timeout > 0.0) {
         return Err("--heartbeat-timeout must be a positive number of seconds".into());
     }
@@ -548,11 +621,60 @@ fn remote_placement(
     })
 }
 
+/// `--cluster NAME`: the agents and token of a cluster file.
+pub(crate) fn cluster_placement(
+    name: &str,
+    token_file: Option<PathBuf>,
+    heartbeat_timeout: f64,
+) -> Result<Placement, String> {
+    let cluster = monarch_cluster::ClusterFile::load(name).map_err(|e| e.to_string())?;
+    let agents = cluster
+        .addrs()
+        .iter()
+        .map(|a| agent_addr(a))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("cluster `{name}`: {e}"))?;
+    if agents.is_empty() {
+        return Err(format!("cluster `{name}` has no agents"));
+    }
+    let token = read_token(&token_file.unwrap_or(cluster.token_file))?;
+    hosts_placement(agents, token, heartbeat_timeout)
+}
+
+/// `--hosts ssh:...`: starts the agents over ssh, each with the token on
+/// its stdin (a fresh one unless --token-file gives one).
+fn ssh_placement(
+    spec: &str,
+    token_file: Option<PathBuf>,
+    heartbeat_timeout: f64,
+) -> Result<(Placement, monarch_cluster::ssh::SshAgents), String> {
+    let targets = monarch_cluster::ssh::parse_targets(spec).map_err(|e| e.to_string())?;
+    let token = match token_file {
+        Some(path) => read_token(&path)?,
+        None => monarch_cluster::new_token().map_err(|e| e.to_string())?,
+    };
+    let binary = std::env::current_exe()
+        .map_err(|e| format!("cannot find this binary to copy to the hosts: {e}"))?;
+    let options = monarch_cluster::ssh::SshOptions::from_env(binary).map_err(|e| e.to_string())?;
+    let agents = monarch_cluster::ssh::start_agents(&targets, &token, &options)
+        .map_err(|e| e.to_string())?;
+    let addrs = agents
+        .addrs()
+        .iter()
+        .map(|a| agent_addr(a))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((hosts_placement(addrs, token, heartbeat_timeout)?, agents))
+}
+
 fn is_loopback(addr: &hyperactor::ChannelAddr) -> bool {
     matches!(addr, hyperactor::ChannelAddr::Tcp(a) if a.ip().is_loopback())
 }
 
-/// Serves this machine to controllers until killed.
+/// Serves this machine to controllers until killed, idle past
+/// --idle-exit, or (with the token on stdin) stdin closes. SIGTERM reports
+/// every proc stopped with `host lost: NODE (REASON)` before exiting; under
+/// Slurm the reason is the job's state (CANCELLED, TIMEOUT, PREEMPTED,
+/// NODE_FAIL).
 fn agent(args: AgentArgs) -> ExitCode {
     init_tracing();
     let fail = |e: String| {
@@ -563,10 +685,38 @@ fn agent(args: AgentArgs) -> ExitCode {
         Ok(addr) => addr,
         Err(e) => return fail(e),
     };
-    let token = match args.token_file.as_deref().map(read_token).transpose() {
-        Ok(token) => token,
-        Err(e) => return fail(e),
+    if !(args.idle_exit.is_finite() && args.idle_exit >= 0.0) {
+        return fail("--idle-exit must be a number of seconds, 0 or more".into());
+    }
+    let from_stdin = args.token_file.as_deref() == Some(std::path::Path::new("-"));
+    let token = match (&args.token_file, from_stdin) {
+        (_, true) => {
+            let mut line = String::new();
+            match std::io::stdin().read_line(&mut line) {
+                Ok(_) if !line.trim().is_empty() => Some(line.trim().to_string()),
+                Ok(_) => return fail("--token-file -: stdin gave no token".into()),
+                Err(e) => return fail(format!("--token-file -: cannot read stdin: {e}")),
+            }
+        }
+        (Some(path), false) => match read_token(path) {
+            Ok(token) => Some(token),
+            Err(e) => return fail(e),
+        },
+        (None, false) => None,
     };
+    let node = args
+        .node
+        .clone()
+        .or_else(|| std::env::var("SLURMD_NODENAME").ok())
+        .unwrap_or_else(hostname);
+    let under_slurm = std::env::var("SLURM_JOB_ID").ok();
+    if under_slurm.is_some() {
+        // Slurm signals every process of the job at once: the procs leave
+        // SIGTERM to this agent, which reports why they end (RM-7) and
+        // then stops them.
+        // SAFETY: no other thread runs yet.
+        unsafe { std::env::set_var(IGNORE_SIGTERM_ENV, "1") };
+    }
     let command = match hyperactor_mesh::alloc::BootstrapCommand::current_exe(&["bootstrap"]) {
         Ok(command) => command,
         Err(e) => return fail(format!("cannot find this binary to start procs: {e}")),
@@ -579,14 +729,112 @@ fn agent(args: AgentArgs) -> ExitCode {
         Err(e) => return fail(format!("cannot start the runtime: {e}")),
     };
     runtime.block_on(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut terminate = match signal(SignalKind::terminate()) {
+            Ok(terminate) => terminate,
+            Err(e) => return fail(format!("cannot handle SIGTERM: {e}")),
+        };
         let registry = monarch_host::wasm_actor::registry(monarch_host::blob_dir(), None);
-        match hyperactor_mesh::remote::serve_agent(addr, token, command, registry).await {
-            Ok(proc) => {
-                eprintln!("monarch-host agent: serving on {}", proc.id().addr());
-                let _ = tokio::signal::ctrl_c().await;
-                ExitCode::SUCCESS
+        let config = hyperactor_mesh::remote::AgentConfig {
+            addr,
+            token,
+            command,
+            registry,
+            node: node.clone(),
+        };
+        let agent = match hyperactor_mesh::remote::serve_agent(config).await {
+            Ok(agent) => agent,
+            Err(e) => return fail(e.to_string()),
+        };
+        let listening = agent.id().addr().to_string();
+        eprintln!(
+            "monarch-host agent: serving on {listening} (node {node}, monarch-host {})",
+            agent.info().version
+        );
+        if let Some(file) = &args.address_file {
+            let written = monarch_cluster::write_atomic(file, format!("{listening}\n").as_bytes(), 0o644);
+            if let Err(e) = written {
+                return fail(e.to_string());
             }
-            Err(e) => fail(e.to_string()),
+        }
+        // With the token on stdin, stdin's end is the controller's end.
+        let (closed_tx, mut closed) = tokio::sync::oneshot::channel::<()>();
+        if from_stdin {
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+                let _ = closed_tx.send(());
+            });
+        } else {
+            std::mem::forget(closed_tx);
+        }
+        let idle_exit = Duration::from_secs_f64(args.idle_exit);
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => return ExitCode::SUCCESS,
+                _ = terminate.recv() => {
+                    let why = match &under_slurm {
+                        Some(job) => format!("slurm: {}", slurm_end_state(job)),
+                        None => "the agent was stopped by SIGTERM".to_string(),
+                    };
+                    let reason = format!("host lost: {node} ({why})");
+                    eprintln!("monarch-host agent: {reason}");
+                    agent.go(reason, Duration::from_secs(2)).await;
+                    return ExitCode::SUCCESS;
+                }
+                _ = &mut closed => {
+                    eprintln!("monarch-host agent: stdin closed: the controller is gone; exiting");
+                    agent.go(format!("host lost: {node} (its controller's connection closed)"), Duration::from_secs(2)).await;
+                    return ExitCode::SUCCESS;
+                }
+                _ = tick.tick() => {
+                    if idle_exit > Duration::ZERO
+                        && agent.idle_for().is_some_and(|idle| idle >= idle_exit)
+                    {
+                        eprintln!(
+                            "monarch-host agent: no controller for {}s (--idle-exit); exiting",
+                            idle_exit.as_secs()
+                        );
+                        return ExitCode::SUCCESS;
+                    }
+                }
+            }
         }
     })
+}
+
+/// Set in an agent's environment under Slurm: its procs ignore SIGTERM
+/// (the agent stops them itself, with the reason).
+const IGNORE_SIGTERM_ENV: &str = "MONARCH_PROC_IGNORE_SIGTERM";
+
+/// The state that ends Slurm job `job`, as `squeue` says: CANCELLED,
+/// TIMEOUT, PREEMPTED, NODE_FAIL; `SIGTERM` when it cannot say.
+fn slurm_end_state(job: &str) -> String {
+    let asked = monarch_cluster::command_output(
+        "squeue",
+        &["-h", "-t", "all", "-j", job, "-o", "%T"],
+        Duration::from_secs(3),
+    );
+    match asked.as_deref().map(str::trim) {
+        Ok(state) if !state.is_empty() && state != "RUNNING" && state != "COMPLETING" => {
+            state.to_string()
+        }
+        // Signalled while slurmctld still says RUNNING: a cancel's SIGTERM
+        // can come before the state changes; a time limit sets TIMEOUT
+        // first. CANCELLED is what it becomes.
+        Ok(_) => "CANCELLED".to_string(),
+        Err(_) => "SIGTERM".to_string(),
+    }
+}
+
+/// This machine's host name.
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
 }

@@ -535,21 +535,7 @@ pub(crate) async fn start_client(
             agents,
             token,
             liveness,
-        } => {
-            let first = agents.first().ok_or("no hosts given")?;
-            let ip = local_ip_towards(first)
-                .ok_or_else(|| format!("no route from this machine to {first}"))?;
-            let here = |port: u16| format!("tcp:{}", std::net::SocketAddr::new(ip, port));
-            let allocator = RemoteAllocator::new(
-                here(0).parse().map_err(|e| format!("{e}"))?,
-                agents.clone(),
-                token.clone(),
-                *liveness,
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-            (here(0), Arc::new(allocator))
-        }
+        } => remote_allocator(agents, token, *liveness).await?,
     };
     let addr = addr.parse().map_err(|e| format!("{e}"))?;
     let config = hyperactor::ProcConfig {
@@ -562,6 +548,28 @@ pub(crate) async fn start_client(
     MeshClient::with_config(addr, config, allocator, log)
         .await
         .map_err(|e| e.to_string())
+}
+
+/// An allocator over the agents at `agents`, and the address (on this
+/// machine, reachable from them) where its mesh client should listen.
+pub(crate) async fn remote_allocator(
+    agents: &[hyperactor::ChannelAddr],
+    token: &str,
+    liveness: hyperactor_mesh::remote::Liveness,
+) -> Result<(String, Arc<dyn Allocator>), String> {
+    let first = agents.first().ok_or("no hosts given")?;
+    let ip =
+        local_ip_towards(first).ok_or_else(|| format!("no route from this machine to {first}"))?;
+    let here = format!("tcp:{}", std::net::SocketAddr::new(ip, 0));
+    let allocator = RemoteAllocator::new(
+        here.parse().map_err(|e| format!("{e}"))?,
+        agents.to_vec(),
+        token.to_string(),
+        liveness,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok((here, Arc::new(allocator)))
 }
 
 /// Where this host keeps blobs: beside the compile cache, or in the

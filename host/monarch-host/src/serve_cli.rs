@@ -60,6 +60,15 @@ pub struct ServeArgs {
     /// (`console --idle-ttl`): seconds, or 90s, 30m, 8h, 2d.
     #[arg(long, default_value = "8h", value_name = "DURATION", value_parser = monarch_host::console::parse_duration)]
     session_idle_ttl: Duration,
+    /// Runs every job's procs, and the persistent meshes, on the agents of
+    /// a cluster that `monarch-host slurm up` (or `k8s attach`) brought up
+    /// under this name, instead of as child processes of the server.
+    #[arg(long)]
+    cluster: Option<String>,
+    /// Seconds without an answer to heartbeats after which a host of the
+    /// cluster is lost and its procs fail (--cluster).
+    #[arg(long, default_value_t = 5.0)]
+    heartbeat_timeout: f64,
 }
 
 fn parse_mesh(text: &str) -> Result<(String, u32), String> {
@@ -200,6 +209,12 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     let mut config = ServeConfig::new(args.listen, args.data, bootstrap);
+    if let Some(name) = &args.cluster {
+        match crate::cluster_placement(name, None, args.heartbeat_timeout) {
+            Ok(placement) => config.placement = Some(placement),
+            Err(e) => return failed("serve", e),
+        }
+    }
     config.token = token;
     config.meshes = args.meshes;
     config.allowed_dirs = args.allow_dirs;

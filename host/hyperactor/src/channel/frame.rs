@@ -43,6 +43,11 @@ pub(crate) enum FrameKind {
     Data = 2,
     /// Everything up to `seq` was delivered. No body.
     Ack = 3,
+    /// From a receiver that does not know the connection's session though
+    /// its first data frame is numbered past 1: the receiver restarted
+    /// since the sender's earlier frames reached it (a new incarnation at
+    /// the same address). No body; the receiver closes the connection.
+    Restarted = 4,
 }
 
 /// A frame that breaks the protocol. The connection that carried it is closed.
@@ -174,6 +179,7 @@ impl FrameReader {
             1 => FrameKind::Hello,
             2 => FrameKind::Data,
             3 => FrameKind::Ack,
+            4 => FrameKind::Restarted,
             other => return Err(FrameError::BadKind(other)),
         };
         if len > self.max_frame {
@@ -185,7 +191,7 @@ impl FrameReader {
         if kind == FrameKind::Data && !len.is_multiple_of(8) {
             return Err(FrameError::Misaligned(len));
         }
-        if kind == FrameKind::Ack && len != 0 {
+        if matches!(kind, FrameKind::Ack | FrameKind::Restarted) && len != 0 {
             return Err(FrameError::BadKind(h[7]));
         }
         let seq = u64::from_le_bytes([h[8], h[9], h[10], h[11], h[12], h[13], h[14], h[15]]);

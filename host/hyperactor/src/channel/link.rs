@@ -20,6 +20,10 @@
 //!   sent back to back by one task reach the socket together.
 //! - LK-6: a link whose peer is known to have ended (`Proc::peer_ended`)
 //!   dies at once, without the delivery timeout.
+//! - LK-7: a link whose peer answers that it restarted (a new incarnation
+//!   at the same address, which never saw the frames it acknowledged)
+//!   dies at once: its unacknowledged frames went to a proc that is gone,
+//!   and the next message starts a new link, and a new session, with it.
 
 use std::collections::VecDeque;
 use std::io;
@@ -422,6 +426,12 @@ impl<T: Send + 'static> Link<T> {
                             st.unacked.pop_front();
                         }
                         st.last_ack = Instant::now();
+                    }
+                    Ok(Some((header, _))) if header.kind == FrameKind::Restarted => {
+                        return Served::Dead(format!(
+                            "the proc at {} restarted: what was sent to its earlier incarnation is lost",
+                            self.dest
+                        ));
                     }
                     Ok(Some((header, _))) => {
                         return Served::Lost(format!(

@@ -378,9 +378,13 @@ async fn run(
         },
         call_timeout: Duration::from_secs(limits.call_timeout_s),
         max_procs: limits.procs as usize,
-        placement: Placement::Local {
-            program: state.config.bootstrap.clone(),
-        },
+        placement: state
+            .config
+            .placement
+            .clone()
+            .unwrap_or_else(|| Placement::Local {
+                program: state.config.bootstrap.clone(),
+            }),
         fanout: state.config.fanout,
         handler_timeout: limits
             .handler_timeout_s

@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use hyperactor::ClusterToken;
 use hyperactor_mesh::agent::Registry;
-use hyperactor_mesh::alloc::{BootstrapCommand, LocalAllocator};
+use hyperactor_mesh::alloc::{Allocator, BootstrapCommand, LocalAllocator};
 use hyperactor_mesh::client::MeshClient;
 use tokio::sync::{OnceCell, Semaphore};
 use wasmtime::Engine;
@@ -59,6 +59,10 @@ pub struct ServeConfig {
     pub session_idle_ttl: Duration,
     /// The binary whose `bootstrap` subcommand serves a proc.
     pub bootstrap: PathBuf,
+    /// Where procs run: None, as child processes of the server (with
+    /// `bootstrap`); `Placement::Hosts`, on a cluster's agents (`serve
+    /// --cluster`), for jobs' fresh meshes and persistent meshes alike.
+    pub placement: Option<crate::engine::Placement>,
     /// The largest component accepted, in bytes.
     pub max_upload_bytes: u64,
     /// The largest log a job may write, in bytes.
@@ -90,6 +94,7 @@ impl ServeConfig {
             token: None,
             session_idle_ttl: Duration::from_secs(8 * 3600),
             bootstrap,
+            placement: None,
             max_upload_bytes: 64 << 20,
             max_log_bytes: 64 << 20,
             default_limits: Limits::default(),
@@ -239,18 +244,36 @@ impl State {
     /// Starts the persistent mesh `name` with `procs` procs.
     async fn create_mesh(self: &Arc<Self>, name: &str, procs: u32) -> Result<MeshInfo, String> {
         let blob_dir = crate::run::blob_dir();
-        let command = BootstrapCommand {
-            program: self.config.bootstrap.clone(),
-            args: vec!["bootstrap".into()],
-        };
-        let allocator = LocalAllocator::new(command, Arc::new(Registry::new(blob_dir)))
-            .map_err(|e| format!("cannot prepare child procs: {e}"))?;
-        let nth = self.meshes_made.fetch_add(1, Ordering::Relaxed);
-        let socket =
-            std::env::temp_dir().join(format!("monarch-serve-{}-{nth}.sock", std::process::id()));
-        let addr = format!("unix:{}", socket.display())
-            .parse()
-            .map_err(|e| format!("{e}"))?;
+        let (addr, allocator, proc_config): (String, Arc<dyn Allocator>, _) =
+            match &self.config.placement {
+                Some(crate::engine::Placement::Hosts {
+                    agents,
+                    token,
+                    liveness,
+                }) => {
+                    let (addr, allocator) =
+                        crate::run::remote_allocator(agents, token, *liveness).await?;
+                    let config = hyperactor::ProcConfig {
+                        cluster_token: ClusterToken::new(token),
+                        ..hyperactor::ProcConfig::default()
+                    };
+                    (addr, allocator, config)
+                }
+                _ => {
+                    let command = BootstrapCommand {
+                        program: self.config.bootstrap.clone(),
+                        args: vec!["bootstrap".into()],
+                    };
+                    let allocator = LocalAllocator::new(command, Arc::new(Registry::new(blob_dir)))
+                        .map_err(|e| format!("cannot prepare child procs: {e}"))?;
+                    let nth = self.meshes_made.fetch_add(1, Ordering::Relaxed);
+                    let socket = std::env::temp_dir()
+                        .join(format!("monarch-serve-{}-{nth}.sock", std::process::id()));
+                    let addr = format!("unix:{}", socket.display());
+                    (addr, Arc::new(allocator), hyperactor::ProcConfig::default())
+                }
+            };
+        let addr = addr.parse().map_err(|e| format!("{e}"))?;
         // Actors' log lines go to the log of the job that spawned them.
         let weak: Weak<State> = Arc::downgrade(self);
         let log: crate::host::LogSink = Arc::new(move |line: &str| {
@@ -263,7 +286,7 @@ impl State {
                 None => tracing::info!(target: "guest", "{line}"),
             }
         });
-        let client = MeshClient::new(addr, Arc::new(allocator), log)
+        let client = MeshClient::with_config(addr, proc_config, allocator, log)
             .await
             .map_err(|e| e.to_string())?;
         let allocated = client

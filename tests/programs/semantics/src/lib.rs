@@ -18,6 +18,7 @@
 //! | `time` | `sleep`, `timeout` and `select!` in the controller, `sleep` in an actor |
 //! | `info-kill` | `ProcMesh::info` and `ProcMesh::kill`: the killed proc's actor fails with `proc-lost` |
 //! | `sleep-forever [N]` | actors blocked in a WASI sleep and a controller asleep, for cancellation tests |
+//! | `sleep-call N MS` | a call to N actors that sleep MS each; prints how it ended and when (for host-loss tests) |
 //! | `echo [N]` | a plain call |
 //! | `exit CODE` | `std::process::exit` |
 //! | `print` | actors' stdout and stderr, and the controller's stdout |
@@ -618,6 +619,27 @@ async fn sleep_forever(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+async fn sleep_call(args: &[String]) -> Result<(), String> {
+    let count = arg(args, 1, 1u32)?;
+    let millis = arg(args, 2, 60_000u64)?;
+    // The failure is the call's to report: the supervisor carries on.
+    monarch_guest::supervise(|_| true);
+    let procs = spawn_procs(&hosts(count))?;
+    let sleepers = procs.spawn::<Worker>("sleepers", &0)?;
+    let started = Instant::now();
+    info!("calling {count} sleepers");
+    let result = sleepers.call(&SleepWasi(millis)).await;
+    let elapsed = started.elapsed().as_millis();
+    match &result {
+        Ok(_) => info!("the call returned after {elapsed} ms"),
+        Err(e) => info!(
+            "the call failed after {elapsed} ms: {} ({e})",
+            kind_of(&result)
+        ),
+    }
+    Ok(())
+}
+
 async fn echo(args: &[String]) -> Result<(), String> {
     let count = arg(args, 1, 1u32)?;
     let procs = spawn_procs(&hosts(count))?;
@@ -679,7 +701,7 @@ async fn files(args: &[String]) -> Result<(), String> {
 }
 
 const USAGE: &str = "usage: semantics MODE [ARGS]; modes: stopped, broadcast-error, deadline, \
-                     trap-once, typed-error, time, info-kill, sleep-forever [N], echo [N], \
+                     trap-once, typed-error, time, info-kill, sleep-forever [N], sleep-call N MS, echo [N], \
                      exit CODE, print, files PATH VAR";
 
 async fn main(args: Vec<String>) -> Result<(), String> {
@@ -692,6 +714,7 @@ async fn main(args: Vec<String>) -> Result<(), String> {
         Some("time") => time().await,
         Some("info-kill") => info_kill().await,
         Some("sleep-forever") => sleep_forever(&args).await,
+        Some("sleep-call") => sleep_call(&args).await,
         Some("echo") => echo(&args).await,
         Some("exit") => std::process::exit(arg(&args, 1, 0i32)?),
         Some("print") => print().await,
