@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use slurm::{SlurmCluster, wait_until};
 
-const LIMIT: Duration = Duration::from_secs(120);
+const LIMIT: Duration = Duration::from_secs(240);
 
 /// `slurm up` of the cluster `dp`.
 const UP_DP: &[&str] = &[
@@ -351,4 +351,51 @@ fn parent(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // `pid (comm) state ppid ...`; comm may hold spaces.
     stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()
+}
+
+#[test]
+fn a_time_limit_fails_the_ranks_with_slurm_timeout() {
+    if skip() {
+        return;
+    }
+    let cluster = SlurmCluster::start(2);
+    let up = monarch(
+        &cluster,
+        &["slurm", "up", "--name", "t", "--nodes", "2", "--time", "1"],
+    );
+    assert_eq!(up.code, Some(0), "{up:?}\n{}", cluster.logs());
+    let job = cluster_file(&cluster, "t")["placed"]["job_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The job reaches its one-minute limit while two actors sleep in a
+    // call that would wait five.
+    let run = monarch(
+        &cluster,
+        &[
+            "run",
+            "--cluster",
+            "t",
+            "--heartbeat-timeout",
+            "3",
+            "--call-timeout",
+            "300",
+            env!("GUEST_SEMANTICS"),
+            "--",
+            "sleep-call",
+            "2",
+            "300000",
+        ],
+    );
+    let text = stdout(&run);
+    assert!(
+        text.contains("the call failed") && text.contains("(slurm: TIMEOUT)"),
+        "{run:?}"
+    );
+    assert_nothing_left(&cluster);
+    assert!(
+        cluster.job_state(&job).contains("TIMEOUT"),
+        "{}",
+        cluster.job_state(&job)
+    );
 }

@@ -299,8 +299,32 @@ pub fn command_output(
     args: &[&str],
     timeout: Duration,
 ) -> Result<String, ClusterError> {
+    command_output_with(program, args, timeout, false)
+}
+
+/// [`command_output`]; with `ignore_sigterm`, the command ignores SIGTERM
+/// (for a question asked while Slurm signals every process of a job
+/// step, the asker's children included).
+pub fn command_output_with(
+    program: &str,
+    args: &[&str],
+    timeout: Duration,
+    ignore_sigterm: bool,
+) -> Result<String, ClusterError> {
+    use std::os::unix::process::CommandExt;
     let shown = || format!("`{program} {}`", args.join(" "));
-    let mut child = std::process::Command::new(program)
+    let mut command = std::process::Command::new(program);
+    if ignore_sigterm {
+        // SAFETY: signal(2) is async-signal-safe, and an ignored signal
+        // stays ignored across exec.
+        unsafe {
+            command.pre_exec(|| {
+                libc::signal(libc::SIGTERM, libc::SIG_IGN);
+                Ok(())
+            });
+        }
+    }
+    let mut child = command
         .args(args)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())

@@ -592,6 +592,47 @@ pub fn cancel(
     }
 }
 
+/// Why job `job_id` is ending, as a state (CANCELLED, TIMEOUT,
+/// PREEMPTED, NODE_FAIL), asked when its processes get SIGTERM: then
+/// `squeue` says COMPLETING (or still RUNNING), and the reason tells which.
+/// `SIGTERM` when Slurm cannot say.
+pub fn ending_state(job_id: &str) -> String {
+    for _ in 0..2 {
+        let asked = crate::command_output_with(
+            "squeue",
+            &["-h", "-t", "all", "-j", job_id, "-o", "%T|%r"],
+            Duration::from_secs(3),
+            true,
+        );
+        if let Ok(out) = asked
+            && let Some((state, reason)) = out.trim().split_once('|')
+        {
+            return ending(state, reason);
+        }
+    }
+    "SIGTERM".to_string()
+}
+
+/// The end that `squeue`'s state and reason mean (see [`ending_state`]).
+pub fn ending(state: &str, reason: &str) -> String {
+    if !matches!(state, "RUNNING" | "COMPLETING" | "SIGNALING" | "") {
+        return state.to_string();
+    }
+    let reason = reason.to_ascii_lowercase();
+    if reason.contains("timelimit") {
+        "TIMEOUT".into()
+    } else if reason.contains("preempt") {
+        "PREEMPTED".into()
+    } else if reason.contains("nodedown")
+        || reason.contains("node_fail")
+        || reason.contains("nodefail")
+    {
+        "NODE_FAIL".into()
+    } else {
+        "CANCELLED".into()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -633,6 +674,18 @@ mod tests {
         );
         assert!(pending.nodes.is_empty() && pending.time_left.is_none());
         assert!(!pending.is_over());
+    }
+
+    #[test]
+    fn a_job_ending_is_named_by_its_state_or_reason() {
+        // What squeue says to an agent as SIGTERM comes (seen on 22.05:
+        // `COMPLETING|None` for scancel, `TimeLimit` for a time limit).
+        assert_eq!(ending("COMPLETING", "None"), "CANCELLED");
+        assert_eq!(ending("COMPLETING", "TimeLimit"), "TIMEOUT");
+        assert_eq!(ending("RUNNING", "Preemption"), "PREEMPTED");
+        assert_eq!(ending("COMPLETING", "NodeDown"), "NODE_FAIL");
+        assert_eq!(ending("TIMEOUT", "TimeLimit"), "TIMEOUT");
+        assert_eq!(ending("NODE_FAIL", "None"), "NODE_FAIL");
     }
 
     #[test]

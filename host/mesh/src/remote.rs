@@ -1022,6 +1022,16 @@ pub async fn probe(
     token: &str,
     timeout: Duration,
 ) -> Vec<Result<(AgentInfo, Duration), String>> {
+    probe_as(agents, token, VERSION, timeout).await
+}
+
+/// [`probe`], saying `version` is the controller's.
+async fn probe_as(
+    agents: &[ChannelAddr],
+    token: &str,
+    version: &str,
+    timeout: Duration,
+) -> Vec<Result<(AgentInfo, Duration), String>> {
     let Some(first) = agents.first() else {
         return Vec::new();
     };
@@ -1049,7 +1059,7 @@ pub async fn probe(
             let started = Instant::now();
             let reply = mailbox.start_call(port.id(), |reply| AgentHello {
                 token: token.to_string(),
-                version: VERSION.to_string(),
+                version: version.to_string(),
                 reply,
             });
             match reply.recv_timeout(timeout).await {
@@ -1161,5 +1171,53 @@ mod tests {
         .err()
         .expect("a token the agent does not have is refused");
         assert!(wrong.to_string().contains("cluster token"), "{wrong}");
+    }
+
+    /// RM-5 and RM-6: a hello answers the agent's version, node and
+    /// incarnation, fresh at each start; a controller of another version is
+    /// refused, naming both versions.
+    #[tokio::test]
+    async fn rm5_hello_names_the_agent_and_refuses_another_version() {
+        let agent = serve_agent(AgentConfig {
+            addr: "tcp:127.0.0.1:0".parse().unwrap(),
+            token: Some("right".into()),
+            command: BootstrapCommand {
+                program: "/bin/false".into(),
+                args: vec![],
+            },
+            registry: Registry::new(std::env::temp_dir()),
+            node: "n7".into(),
+        })
+        .await
+        .unwrap();
+        let addrs = vec![agent.id().addr().clone()];
+        let timeout = Duration::from_secs(5);
+        let answers = probe(&addrs, "right", timeout).await;
+        let (info, _) = answers[0].as_ref().expect("a hello");
+        assert_eq!(info, agent.info());
+        assert_eq!((info.node.as_str(), info.version.as_str()), ("n7", VERSION));
+        let other = probe_as(&addrs, "right", "9.9.9", timeout).await;
+        let e = other[0].as_ref().unwrap_err();
+        assert!(
+            e.contains("version mismatch")
+                && e.contains(VERSION)
+                && e.contains("9.9.9")
+                && e.contains("n7"),
+            "{e}"
+        );
+        // Another start is another incarnation.
+        let again = serve_agent(AgentConfig {
+            addr: "tcp:127.0.0.1:0".parse().unwrap(),
+            token: Some("right".into()),
+            command: BootstrapCommand {
+                program: "/bin/false".into(),
+                args: vec![],
+            },
+            registry: Registry::new(std::env::temp_dir()),
+            node: "n7".into(),
+        })
+        .await
+        .unwrap();
+        assert_ne!(again.info().incarnation, agent.info().incarnation);
     }
 }

@@ -773,8 +773,13 @@ fn agent(args: AgentArgs) -> ExitCode {
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => return ExitCode::SUCCESS,
                 _ = terminate.recv() => {
-                    let why = match &under_slurm {
-                        Some(job) => format!("slurm: {}", slurm_end_state(job)),
+                    let why = match under_slurm.clone() {
+                        Some(job) => {
+                            let asked = tokio::task::spawn_blocking(move || {
+                                monarch_cluster::slurm::ending_state(&job)
+                            });
+                            format!("slurm: {}", asked.await.unwrap_or_else(|_| "SIGTERM".into()))
+                        }
                         None => "the agent was stopped by SIGTERM".to_string(),
                     };
                     let reason = format!("host lost: {node} ({why})");
@@ -806,26 +811,6 @@ fn agent(args: AgentArgs) -> ExitCode {
 /// Set in an agent's environment under Slurm: its procs ignore SIGTERM
 /// (the agent stops them itself, with the reason).
 const IGNORE_SIGTERM_ENV: &str = "MONARCH_PROC_IGNORE_SIGTERM";
-
-/// The state that ends Slurm job `job`, as `squeue` says: CANCELLED,
-/// TIMEOUT, PREEMPTED, NODE_FAIL; `SIGTERM` when it cannot say.
-fn slurm_end_state(job: &str) -> String {
-    let asked = monarch_cluster::command_output(
-        "squeue",
-        &["-h", "-t", "all", "-j", job, "-o", "%T"],
-        Duration::from_secs(3),
-    );
-    match asked.as_deref().map(str::trim) {
-        Ok(state) if !state.is_empty() && state != "RUNNING" && state != "COMPLETING" => {
-            state.to_string()
-        }
-        // Signalled while slurmctld still says RUNNING: a cancel's SIGTERM
-        // can come before the state changes; a time limit sets TIMEOUT
-        // first. CANCELLED is what it becomes.
-        Ok(_) => "CANCELLED".to_string(),
-        Err(_) => "SIGTERM".to_string(),
-    }
-}
 
 /// This machine's host name.
 fn hostname() -> String {
