@@ -110,8 +110,7 @@ fn a_python_session_outlives_a_killed_console_and_shrugs_off_errors_and_ctrl_c()
     // A call to the mesh: each actor prints (prefixed with mesh and
     // rank), and the expression's value is shown as the REPL shows it.
     first.type_line("list(counters.incr.call(5).get().values())");
-    first.expect("[counters 0] now 15", STEP);
-    first.expect("[15, 15]", STEP);
+    first.expect_all(&["[counters 0] now 15", "[15, 15]"], STEP);
     first.expect(">>> ", STEP);
     // A traceback leaves the session and its meshes alive.
     first.type_line("1/0");

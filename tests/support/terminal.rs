@@ -149,6 +149,30 @@ impl Terminal {
         }
     }
 
+    /// Reads until the output holds every one of `needles`, in any order
+    /// (what actors print travels beside the controller's own output, not
+    /// in order with it); consumes up to the last of them.
+    pub fn expect_all(&mut self, needles: &[&str], within: Duration) {
+        let until = Instant::now() + within;
+        loop {
+            let found: Option<Vec<usize>> = needles
+                .iter()
+                .map(|needle| self.pending.find(needle).map(|at| at + needle.len()))
+                .collect();
+            if let Some(ends) = found {
+                let last = ends.into_iter().max().unwrap_or(0);
+                self.pending.drain(..last);
+                return;
+            }
+            if !self.read_more(until) {
+                panic!(
+                    "not all of {needles:?} within {within:?}; the terminal shows:\n{}",
+                    self.seen
+                );
+            }
+        }
+    }
+
     /// Reads for `during`; panics if `needle` shows.
     pub fn expect_not(&mut self, needle: &str, during: Duration) {
         let until = Instant::now() + during;
