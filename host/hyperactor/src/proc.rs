@@ -22,6 +22,10 @@
 //!   of refusing its frames as a sequence gap forever; the sender's link
 //!   dies at once (LK-7), failing what it held, and the next message opens
 //!   a fresh session.
+//! - PR-8: a receiver forgets a sender's session once it has had no
+//!   connection for `session_ttl` (at least twice the delivery timeout, by
+//!   which the sender's link has died), so memory stays flat as peers come
+//!   and go.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -181,6 +185,10 @@ pub struct ProcConfig {
     /// of every link this proc opens, and, when set, required of every
     /// connection it accepts (PR-6). Default none: no check.
     pub cluster_token: Option<ClusterToken>,
+    /// How long a receiver remembers a sender's session once its last
+    /// connection closed (PR-8); at least twice `delivery_timeout`, past
+    /// which the sender's link is dead anyway. Default 10 min.
+    pub session_ttl: Duration,
 }
 
 /// A cluster token; its `Debug` form does not show it.
@@ -227,6 +235,7 @@ impl Default for ProcConfig {
             ack_every: 512,
             busy_poll: Duration::from_micros(50),
             cluster_token: None,
+            session_ttl: Duration::from_secs(600),
         }
     }
 }
@@ -255,6 +264,14 @@ pub enum ProcError {
 
 type Session = Arc<Mutex<u64>>;
 
+/// What a receiver keeps of one sender's session: the last sequence
+/// number delivered, its open connections, and since when it has had none.
+struct SessionSlot {
+    last: Session,
+    open: usize,
+    closed_at: std::time::Instant,
+}
+
 pub(crate) struct ProcInner {
     id: ProcId,
     config: ProcConfig,
@@ -263,7 +280,7 @@ pub(crate) struct ProcInner {
     links: Mutex<HashMap<ChannelAddr, Arc<Link<Option<Meta>>>>>,
     /// Peers known to have ended ([`Proc::peer_ended`]), with why.
     ended: Mutex<HashMap<ChannelAddr, String>>,
-    sessions: Mutex<HashMap<u64, Session>>,
+    sessions: Mutex<HashMap<u64, SessionSlot>>,
     supervision_tx: mpsc::UnboundedSender<ActorSupervisionEvent>,
     supervision_rx: Mutex<Option<mpsc::UnboundedReceiver<ActorSupervisionEvent>>>,
     stats: Arc<ChannelStats>,
@@ -332,6 +349,7 @@ impl Proc {
         inner
             .runtime
             .spawn(accept_loop(Arc::downgrade(&inner), listener, shutdown));
+        inner.runtime.spawn(session_sweeper(Arc::downgrade(&inner)));
         tracing::debug!(proc = %inner.id, "serving");
         Ok(Proc(inner))
     }
@@ -758,8 +776,62 @@ impl Proc {
         Ok(())
     }
 
+    /// Opens a connection of session `id`; [`Proc::session_closed`] ends it.
     fn session(&self, id: u64) -> Session {
-        self.0.sessions.lock().entry(id).or_default().clone()
+        let mut sessions = self.0.sessions.lock();
+        let slot = sessions.entry(id).or_insert_with(|| SessionSlot {
+            last: Session::default(),
+            open: 0,
+            closed_at: std::time::Instant::now(),
+        });
+        slot.open += 1;
+        slot.last.clone()
+    }
+
+    fn session_closed(&self, id: u64) {
+        if let Some(slot) = self.0.sessions.lock().get_mut(&id) {
+            slot.open = slot.open.saturating_sub(1);
+            slot.closed_at = std::time::Instant::now();
+        }
+    }
+
+    /// The senders' sessions this proc remembers (PR-8).
+    pub fn receiver_sessions(&self) -> usize {
+        self.0.sessions.lock().len()
+    }
+
+    /// PR-8: forgets the sessions with no connection for the TTL.
+    fn forget_idle_sessions(&self) {
+        let ttl = self
+            .0
+            .config
+            .session_ttl
+            .max(self.0.config.delivery_timeout * 2);
+        self.0
+            .sessions
+            .lock()
+            .retain(|_, slot| slot.open > 0 || slot.closed_at.elapsed() < ttl);
+    }
+}
+
+/// Forgets idle sessions now and then, while the proc lives (PR-8).
+async fn session_sweeper(proc: Weak<ProcInner>) {
+    let every = match proc.upgrade() {
+        Some(inner) => (inner
+            .config
+            .session_ttl
+            .max(inner.config.delivery_timeout * 2)
+            / 4)
+        .clamp(Duration::from_millis(10), Duration::from_secs(60)),
+        None => return,
+    };
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(inner) = proc.upgrade() else { return };
+        if *inner.shutdown.borrow() {
+            return;
+        }
+        Proc(inner).forget_idle_sessions();
     }
 }
 
@@ -909,6 +981,14 @@ async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
     // past 1 began with an earlier incarnation of this proc (PR-7).
     let mut fresh = !proc.0.sessions.lock().contains_key(&session_id);
     let session = proc.session(session_id);
+    // However this connection ends, its session counts one fewer (PR-8).
+    struct Closing(Proc, u64);
+    impl Drop for Closing {
+        fn drop(&mut self) {
+            self.0.session_closed(self.1);
+        }
+    }
+    let _closing = Closing(proc.clone(), session_id);
     let mut type_names = TypeNames::default();
     let mut delivered = 0u64;
     let mut acked = 0u64;
@@ -1490,6 +1570,45 @@ mod tests {
             .unwrap();
         assert_eq!(stats.received, 3, "each frame delivered once");
         assert_eq!(b.stats().duplicates_dropped.load(Ordering::Relaxed), 3);
+    }
+
+    /// PR-8: sessions of senders gone past the TTL are forgotten, so a
+    /// churn of peers leaves nothing behind; a session with a connection
+    /// open stays however long it idles.
+    #[tokio::test]
+    async fn sessions_of_senders_gone_past_the_ttl_are_forgotten() {
+        use crate::channel::transport;
+
+        let config = ProcConfig {
+            delivery_timeout: Duration::from_millis(50),
+            session_ttl: Duration::from_millis(100),
+            ..ProcConfig::default()
+        };
+        let addr = format!("local:ttl-{}", new_session_id()).parse().unwrap();
+        let b = Proc::serve_with_config("b", addr, config).await.unwrap();
+        let hello = |session: u64| small_frame(FrameKind::Hello, session, b"peer");
+        let (_kept_rd, kept) = transport::connect(b.id().addr())
+            .await
+            .unwrap()
+            .into_split()
+            .unwrap();
+        kept.write_all(&hello(1)).await.unwrap();
+        for session in 2..=200u64 {
+            let (rd, wr) = transport::connect(b.id().addr())
+                .await
+                .unwrap()
+                .into_split()
+                .unwrap();
+            wr.write_all(&hello(session)).await.unwrap();
+            drop((rd, wr));
+        }
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while b.receiver_sessions() < 200 && std::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(b.receiver_sessions() > 1, "{}", b.receiver_sessions());
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(b.receiver_sessions(), 1, "only the open one is left");
     }
 
     /// A connection that closes before its first byte (a readiness probe,
