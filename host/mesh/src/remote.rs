@@ -1178,18 +1178,21 @@ mod tests {
     /// refused, naming both versions.
     #[tokio::test]
     async fn rm5_hello_names_the_agent_and_refuses_another_version() {
-        let agent = serve_agent(AgentConfig {
-            addr: "tcp:127.0.0.1:0".parse().unwrap(),
-            token: Some("right".into()),
-            command: BootstrapCommand {
-                program: "/bin/false".into(),
-                args: vec![],
-            },
-            registry: Registry::new(std::env::temp_dir()),
-            node: "n7".into(),
-        })
-        .await
-        .unwrap();
+        let start = || async {
+            serve_agent(AgentConfig {
+                addr: "tcp:127.0.0.1:0".parse().unwrap(),
+                token: Some("right".into()),
+                command: BootstrapCommand {
+                    program: "/bin/false".into(),
+                    args: vec![],
+                },
+                registry: Registry::new(std::env::temp_dir()),
+                node: "n7".into(),
+            })
+            .await
+            .unwrap()
+        };
+        let agent = start().await;
         let addrs = vec![agent.id().addr().clone()];
         let timeout = Duration::from_secs(5);
         let answers = probe(&addrs, "right", timeout).await;
@@ -1206,18 +1209,7 @@ mod tests {
             "{e}"
         );
         // Another start is another incarnation.
-        let again = serve_agent(AgentConfig {
-            addr: "tcp:127.0.0.1:0".parse().unwrap(),
-            token: Some("right".into()),
-            command: BootstrapCommand {
-                program: "/bin/false".into(),
-                args: vec![],
-            },
-            registry: Registry::new(std::env::temp_dir()),
-            node: "n7".into(),
-        })
-        .await
-        .unwrap();
+        let again = start().await;
         assert_ne!(again.info().incarnation, agent.info().incarnation);
     }
 }
