@@ -509,6 +509,20 @@ fn an_actor_out_of_memory_says_why_it_failed() {
     run.assert_logged("growing memory");
 }
 
+/// hostile: an unknown mode is refused, naming the modes;
+/// tests/hostile.rs runs every attack, from the controller and from actors.
+#[test]
+fn hostile() {
+    let run = run(Path::new(env!("GUEST_HOSTILE")), &["bogus"], sandbox());
+    match &run.result {
+        Err(RunError::Failed(reason)) => assert!(
+            reason.contains("unknown mode `bogus`") && reason.contains("payload-len"),
+            "{reason}"
+        ),
+        other => panic!("expected the run to fail, got {other:?}"),
+    }
+}
+
 /// wrong-world: a component of the `actor` world exports `actor-class` but no
 /// `run`; the host refuses it before running anything, naming `run`.
 #[test]

@@ -7,10 +7,9 @@ mod serve_support;
 use std::time::{Duration, Instant};
 
 use monarch_host::serve::api::{JobRequest, JobStatus, MeshChoice, MeshSpec};
-use monarch_host::serve::client::ApiClient;
 use reqwest::Method;
 use serde_json::{Value, json};
-use serve_support::{Scratch, ServeProcess, TOKEN, send};
+use serve_support::{Scratch, ServeProcess, TOKEN, finished, send};
 
 fn program(path: &str) -> Vec<u8> {
     std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"))
@@ -30,27 +29,6 @@ fn error_of(body: &Value) -> &str {
     body["error"]
         .as_str()
         .unwrap_or_else(|| panic!("no error in {body}"))
-}
-
-/// Waits until job `id` has a final status.
-async fn finished(
-    client: &ApiClient,
-    id: u64,
-    within: Duration,
-) -> monarch_host::serve::api::JobInfo {
-    let until = Instant::now() + within;
-    loop {
-        let job = client.job(id).await.expect("the job");
-        if job.status.is_final() {
-            return job;
-        }
-        assert!(
-            Instant::now() < until,
-            "job {id} still {:?} after {within:?}",
-            job.status
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn job(component: &str, args: &[&str], mesh: Option<MeshChoice>) -> JobRequest {

@@ -445,6 +445,7 @@ fn agent_argv(hosts: &Hosts, binary: &str, i: usize) -> Vec<String> {
         &ip,
         "--idle-exit",
         "0",
+        "--insecure",
     ];
     argv.iter().map(|a| a.to_string()).collect()
 }

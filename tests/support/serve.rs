@@ -54,22 +54,50 @@ impl ServeProcess {
             .expect("the token file");
         let token_file = dir.join("server-tokens");
         std::fs::write(&token_file, format!("{TOKEN}\n{OTHER_TOKEN}\n")).expect("the token file");
-        let port_file = dir.join("port");
-        let _ = std::fs::remove_file(&port_file);
-        let data = dir.join("data");
-        let log = dir.join(format!(
+        let log = format!(
             "server-{}.log",
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_nanos())
                 .unwrap_or(0)
-        ));
+        );
+        Self::spawn(dir, "--token-file", &token_file, &log, extra)
+    }
+
+    /// Starts `monarch-host serve` with the tokens file `tokens` (written
+    /// to `dir/tokens`; `--tokens-file`, no `--token-file`), data in
+    /// `dir/data`, and `extra` arguments; waits until it listens.
+    pub fn start_with_tokens(dir: &Path, tokens: &str, extra: &[&str]) -> ServeProcess {
+        let tokens_file = dir.join("tokens");
+        std::fs::write(&tokens_file, tokens).expect("the tokens file");
+        Self::spawn(
+            dir,
+            "--tokens-file",
+            &tokens_file,
+            "server-tenants.log",
+            extra,
+        )
+    }
+
+    /// Starts the server with `auth_flag auth_file`, its stderr in
+    /// `dir/log`; waits until it writes its port file.
+    fn spawn(
+        dir: &Path,
+        auth_flag: &str,
+        auth_file: &Path,
+        log: &str,
+        extra: &[&str],
+    ) -> ServeProcess {
+        let port_file = dir.join("port");
+        let _ = std::fs::remove_file(&port_file);
+        let data = dir.join("data");
+        let log = dir.join(log);
         let child = Command::new(env!("CARGO_BIN_EXE_monarch-host-cli"))
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--data"])
             .arg(&data)
-            .arg("--token-file")
-            .arg(&token_file)
+            .arg(auth_flag)
+            .arg(auth_file)
             .arg("--port-file")
             .arg(&port_file)
             .args(extra)
@@ -146,9 +174,19 @@ impl ServeProcess {
 
     /// A request to `path` with the token.
     pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.request_as(TOKEN, method, path)
+    }
+
+    /// A request to `path` with `token` (another principal's).
+    pub fn request_as(
+        &self,
+        token: &str,
+        method: reqwest::Method,
+        path: &str,
+    ) -> reqwest::RequestBuilder {
         reqwest::Client::new()
             .request(method, format!("{}{path}", self.base))
-            .bearer_auth(TOKEN)
+            .bearer_auth(token)
     }
 }
 
@@ -165,4 +203,26 @@ pub async fn send(request: reqwest::RequestBuilder) -> (u16, serde_json::Value) 
     let text = response.text().await.expect("a body");
     let body = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
     (status, body)
+}
+
+/// Waits until job `id` has a final status, polling every 50 ms; panics
+/// past `within`.
+pub async fn finished(
+    client: &monarch_host::serve::client::ApiClient,
+    id: u64,
+    within: Duration,
+) -> monarch_host::serve::api::JobInfo {
+    let until = Instant::now() + within;
+    loop {
+        let job = client.job(id).await.expect("the job");
+        if job.status.is_final() {
+            return job;
+        }
+        assert!(
+            Instant::now() < until,
+            "job {id} still {:?} after {within:?}",
+            job.status
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

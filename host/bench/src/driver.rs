@@ -155,8 +155,12 @@ impl Handler<OneWay> for Driver {
     async fn handle(&mut self, cx: &Context<Self>, request: OneWay) -> anyhow::Result<()> {
         let echo = ActorRef::<EchoActor>::attest(request.target);
         let stream = request.stream;
+        let port = echo.port::<Numbered>().id().clone();
         let start = Instant::now();
         for seq in 0..request.count {
+            // LK-8: wait for the link's window rather than queue the whole
+            // burst on this side.
+            cx.ready(&port).await;
             echo.send(cx, Numbered { stream, seq });
         }
         let stats = echo

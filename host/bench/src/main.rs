@@ -49,6 +49,9 @@
 //! | `tcp_call_rtt_us` | the same over `tcp:127.0.0.1` | us |
 //! | `ipc_calls_per_s` | calls completed per second with 256 in flight, over `unix:` | calls/s |
 //! | `oneway_msgs_per_s` | one-way messages delivered per second (sent back to back, then one call to confirm), over `unix:` | msgs/s |
+//! | `tcp_tls_call_rtt_us` | `tcp_call_rtt_us` over mutual TLS 1.3 (`--tls-dir`), in the same rounds | us |
+//! | `tcp_calls_per_s`, `tcp_tls_calls_per_s` | `ipc_calls_per_s` over `tcp:127.0.0.1`, plain and TLS | calls/s |
+//! | `tcp_oneway_msgs_per_s`, `tcp_tls_oneway_msgs_per_s` | `oneway_msgs_per_s` over `tcp:127.0.0.1`, plain and TLS | msgs/s |
 //!
 //! Read `ipc_call_rtt_us` against `raw_unix_rtt_us` and `tcp_call_rtt_us`
 //! against `raw_tcp_rtt_us`. `inproc_call_rtt_us` has no socket in it: it
@@ -368,6 +371,10 @@ enum Suite {
         /// Busy-poll window of the proc's connections, in microseconds.
         #[arg(long, default_value_t = DEFAULT_BUSY_POLL_US)]
         busy_poll_us: u64,
+        /// Speaks TLS on TCP with the certificates in DIR (the runtime
+        /// suite's `tcp_tls_*` figures).
+        #[arg(long, value_name = "DIR")]
+        tls_dir: Option<std::path::PathBuf>,
     },
 
     /// Worker process of the dataplane suite: registers a buffer of BYTES
@@ -488,12 +495,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             worker_threads,
             flavor,
             busy_poll_us,
-        } => worker::serve_echo_proc(
-            addr,
-            flavor,
-            usize::from(worker_threads),
-            std::time::Duration::from_micros(busy_poll_us),
-        ),
+            tls_dir,
+        } => {
+            if let Some(dir) = tls_dir {
+                use hyperactor::channel::tls;
+                tls::install(tls::TlsConfig::from_dir(&dir)?)?;
+            }
+            worker::serve_echo_proc(
+                addr,
+                flavor,
+                usize::from(worker_threads),
+                std::time::Duration::from_micros(busy_poll_us),
+            )
+        }
         Suite::RawEcho { addr } => raw::serve_echo(addr),
     }
 }

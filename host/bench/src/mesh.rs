@@ -202,7 +202,7 @@ fn log_ratios(records: &[Record], floor_us: f64) {
             Unit::Micros => record.value,
             Unit::Millis => record.value * 1e3,
             Unit::Seconds => record.value * 1e6,
-            Unit::CallsPerSec | Unit::MsgsPerSec => continue,
+            Unit::CallsPerSec | Unit::MsgsPerSec | Unit::MiB => continue,
         };
         tracing::info!(
             metric = record.metric,

@@ -21,6 +21,8 @@ pub enum Unit {
     Millis,
     /// Seconds, for whole runs of a program.
     Seconds,
+    /// Mebibytes, for memory held.
+    MiB,
 }
 
 impl Unit {
@@ -33,6 +35,7 @@ impl Unit {
             Unit::Nanos => "ns",
             Unit::Millis => "ms",
             Unit::Seconds => "s",
+            Unit::MiB => "MiB",
         }
     }
 
@@ -45,7 +48,7 @@ impl Unit {
             (value * scale).round() / scale
         };
         match self {
-            Unit::Micros | Unit::Nanos | Unit::Millis | Unit::Seconds => {
+            Unit::Micros | Unit::Nanos | Unit::Millis | Unit::Seconds | Unit::MiB => {
                 let places = if self == Unit::Seconds { 3 } else { 2 };
                 if value.abs() >= 1.0 || value == 0.0 || !value.is_finite() {
                     decimals(places)

@@ -7,16 +7,23 @@
 //! this process                                  worker processes
 //! proc "bench" on unix:  driver[0], echo[0] <-- unix --> proc "worker" echo[0]
 //! proc "bench" on tcp:   driver[0]          <-- tcp  --> proc "worker" echo[0]
+//! proc "bench" on tcp:   driver[0]          <-- tls  --> proc "worker" echo[0]
 //! raw client (blocking std sockets)         <-- unix --> raw-echo
 //! raw client (blocking std sockets)         <-- tcp  --> raw-echo
 //! ```
 //!
+//! TLS is installed for the whole process (`hyperactor::channel::tls`), and
+//! a connection keeps what it was made as: the plain TCP pair connects
+//! both ways before TLS is installed, the TLS pair after, with
+//! certificates of a CA made for the run.
+//!
 //! Round trips are sampled in rounds that take turns (raw unix, in-proc,
-//! unix, raw tcp, tcp), so that a machine that gets slower halfway through
+//! unix, raw tcp, tcp, tcp over TLS), so that a machine that gets slower halfway through
 //! slows a figure and its floor alike; the median of all samples of a
 //! metric is reported. Throughput figures are the median of several timed
 //! runs.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -199,6 +206,39 @@ impl Transport {
     }
 }
 
+/// A TLS directory (`hyperactor::channel::tls`) in `dir`: a CA made for
+/// this run and one host certificate both ends use.
+fn write_tls_dir(dir: &std::path::Path) -> anyhow::Result<std::path::PathBuf> {
+    use hyperactor::channel::tls::{CA_FILE, CERT_FILE, KEY_FILE, SERVER_NAME};
+    use rcgen::{
+        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+        KeyUsagePurpose,
+    };
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let ca_key = KeyPair::generate()?;
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign];
+    let ca_cert = ca.self_signed(&ca_key)?;
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate()?;
+    let mut host = CertificateParams::new(vec![SERVER_NAME.to_string()])?;
+    host.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let cert = host.signed_by(&key, &issuer)?;
+    for (file, text) in [
+        (CA_FILE, ca_cert.pem()),
+        (CERT_FILE, cert.pem()),
+        (KEY_FILE, key.serialize_pem()),
+    ] {
+        std::fs::write(dir.join(file), text)
+            .with_context(|| format!("cannot write {}", dir.join(file).display()))?;
+    }
+    Ok(dir.to_path_buf())
+}
+
 /// Raw round trips on a blocking thread; the stream goes there and back.
 pub(crate) async fn raw_rtt(
     mut stream: RawStream,
@@ -304,6 +344,8 @@ pub async fn run(settings: &Settings) -> anyhow::Result<()> {
     let mut ipc_us = Samples::default();
     let mut tcp_us = Samples::default();
 
+    let mut tls_us = Samples::default();
+
     // Warm-up: connections, caches, allocator pools and CPU frequency.
     (raw_unix, _) = raw_rtt(raw_unix, payload, settings.warmup).await?;
     (raw_tcp, _) = raw_rtt(raw_tcp, payload, settings.warmup).await?;
@@ -311,6 +353,22 @@ pub async fn run(settings: &Settings) -> anyhow::Result<()> {
     unix.rtt(&unix.remote_echo, settings.warmup, payload)
         .await?;
     tcp.rtt(&tcp.remote_echo, settings.warmup, payload).await?;
+
+    // Plain TCP is connected both ways: from here on, new TCP connections
+    // of this process are TLS.
+    let tls_dir = write_tls_dir(&scratch.path().join("tls"))?;
+    hyperactor::channel::tls::install(hyperactor::channel::tls::TlsConfig::from_dir(&tls_dir)?)?;
+    let mut tls_args = echo_worker("tcp:127.0.0.1:0".into()).to_vec();
+    tls_args.extend(["--tls-dir".to_string(), tls_dir.display().to_string()]);
+    let tls_worker = Worker::start("tcp tls echo", &tls_args).await?;
+    let tls = Transport::start(
+        "tcp tls",
+        "tcp:127.0.0.1:0".parse()?,
+        &tls_worker,
+        settings.busy_poll,
+    )
+    .await?;
+    tls.rtt(&tls.remote_echo, settings.warmup, payload).await?;
 
     let rounds = settings.rounds.max(1);
     let per_round = settings.rtt_samples.div_ceil(rounds);
@@ -330,6 +388,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<()> {
         (raw_tcp, samples) = raw_rtt(raw_tcp, payload, per_round).await?;
         raw_tcp_us.add(samples);
         tcp_us.add(tcp.rtt(&tcp.remote_echo, per_round, payload).await?);
+        tls_us.add(tls.rtt(&tls.remote_echo, per_round, payload).await?);
     }
     drop((raw_unix, raw_tcp));
 
@@ -338,21 +397,24 @@ pub async fn run(settings: &Settings) -> anyhow::Result<()> {
     let inproc_rtt = inproc_us.median("inproc_call_rtt_us")?;
     let ipc_rtt = ipc_us.median("ipc_call_rtt_us")?;
     let tcp_rtt = tcp_us.median("tcp_call_rtt_us")?;
+    let tls_rtt = tls_us.median("tcp_tls_call_rtt_us")?;
     emit(SUITE, "raw_unix_rtt_us", raw_unix_rtt, Unit::Micros)?;
     emit(SUITE, "raw_tcp_rtt_us", raw_tcp_rtt, Unit::Micros)?;
     emit(SUITE, "inproc_call_rtt_us", inproc_rtt, Unit::Micros)?;
     emit(SUITE, "ipc_call_rtt_us", ipc_rtt, Unit::Micros)?;
     emit(SUITE, "tcp_call_rtt_us", tcp_rtt, Unit::Micros)?;
+    emit(SUITE, "tcp_tls_call_rtt_us", tls_rtt, Unit::Micros)?;
     tracing::info!(
         ipc_over_raw_unix = format!("{:.2}", ipc_rtt / raw_unix_rtt),
         tcp_over_raw_tcp = format!("{:.2}", tcp_rtt / raw_tcp_rtt),
+        tls_over_tcp = format!("{:.2}", tls_rtt / tcp_rtt),
         "round trips as multiples of their floor"
     );
 
     // Throughput, one untimed run of each first. The one-way burst has a
-    // fixed size rather than a fixed time: sends are never throttled, so
-    // the whole burst is queued on the sender before most of it arrives,
-    // and the rate depends on the burst size (see docs/benchmarks.md).
+    // fixed size rather than a fixed time; the driver waits for its link's
+    // window before each send (LK-8), so the sender holds at most the
+    // window however large the burst (see docs/benchmarks.md).
     unix.pipeline(settings).await?;
     unix.oneway(0, settings.oneway_count.min(10_000)).await?;
     let mut pipelined = Vec::new();
@@ -373,8 +435,53 @@ pub async fn run(settings: &Settings) -> anyhow::Result<()> {
         median_rate("oneway_msgs_per_s", &oneway)?,
         Unit::MsgsPerSec,
     )?;
+    // What the sender held unacknowledged at most during those bursts
+    // (LK-8: at most the link's window and one frame).
+    let peak = unix.proc.stats().peak_unacked_bytes.load(Ordering::Relaxed);
+    emit(
+        SUITE,
+        "oneway_peak_queued_mib",
+        peak as f64 / (1024.0 * 1024.0),
+        Unit::MiB,
+    )?;
 
-    for worker in [unix_worker, tcp_worker, raw_unix_worker, raw_tcp_worker] {
+    // The same over TCP, plain and TLS, taking turns.
+    for transport in [&tcp, &tls] {
+        transport.pipeline(settings).await?;
+        transport
+            .oneway(0, settings.oneway_count.min(10_000))
+            .await?;
+    }
+    let mut runs: [(Vec<Completed>, Vec<Completed>); 2] = Default::default();
+    for run in 0..settings.throughput_runs.max(1) {
+        for (transport, (pipelined, oneway)) in [&tcp, &tls].into_iter().zip(runs.iter_mut()) {
+            pipelined.push(transport.pipeline(settings).await?);
+            oneway.push(
+                transport
+                    .oneway(run as u64 + 1, settings.oneway_count)
+                    .await?,
+            );
+        }
+    }
+    for (prefix, (pipelined, oneway)) in ["tcp", "tcp_tls"].into_iter().zip(&runs) {
+        let calls = format!("{prefix}_calls_per_s");
+        emit(
+            SUITE,
+            &calls,
+            median_rate(&calls, pipelined)?,
+            Unit::CallsPerSec,
+        )?;
+        let msgs = format!("{prefix}_oneway_msgs_per_s");
+        emit(SUITE, &msgs, median_rate(&msgs, oneway)?, Unit::MsgsPerSec)?;
+    }
+
+    for worker in [
+        unix_worker,
+        tcp_worker,
+        tls_worker,
+        raw_unix_worker,
+        raw_tcp_worker,
+    ] {
         worker.stop().await?;
     }
     tracing::info!(

@@ -149,7 +149,7 @@ impl JobFiles {
 fn srun_agents(binary: &Path, token_file: &Path, idle_exit_s: u64) -> String {
     // The node's address is Slurm's NodeAddr (an IP or a name), else the
     // node's name. Arguments pass as $0..$3, never spliced into the code.
-    let body = r#"node="$SLURMD_NODENAME"; addr=$(scontrol show node "$node" -o 2>/dev/null | sed -n 's/.* NodeAddr=\([^ ]*\).*/\1/p'); exec "$0" agent --listen "${addr:-$node}:0" --token-file "$1" --address-file "$2/${SLURM_PROCID}_$node.addr" --idle-exit "$3" --node "$node""#;
+    let body = r#"node="$SLURMD_NODENAME"; addr=$(scontrol show node "$node" -o 2>/dev/null | sed -n 's/.* NodeAddr=\([^ ]*\).*/\1/p'); exec "$0" agent --listen "${addr:-$node}:0" --token-file "$1" --address-file "$2/${SLURM_PROCID}_$node.addr" --idle-exit "$3" --node "$node" --insecure"#;
     format!(
         "srun --quiet --ntasks-per-node=1 --kill-on-bad-exit=0 /bin/sh -c {} {} {} \"$AGENTS\" {}",
         sh_quote(body),

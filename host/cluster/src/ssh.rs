@@ -231,6 +231,10 @@ pub struct SshOptions {
     /// ($MONARCH_SSH_REMOTE_DIR, else `.cache/monarch-host/bin`): relative
     /// to the remote home unless absolute; a leading `~/` is the home too.
     pub remote_dir: String,
+    /// The cluster's TLS directory, at the same path on every host: the
+    /// agents get `--tls-dir DIR`. Without it they get `--insecure`, as
+    /// they listen off loopback (traffic and token in clear).
+    pub tls_dir: Option<PathBuf>,
 }
 
 impl SshOptions {
@@ -277,6 +281,7 @@ impl SshOptions {
             binary,
             startup_timeout,
             remote_dir,
+            tls_dir: None,
         })
     }
 
@@ -819,11 +824,18 @@ fn start_agent(
     abort: &AtomicBool,
 ) -> Result<Option<RunningAgent>, ClusterError> {
     let listen = SocketAddr::new(ip, 0).to_string();
+    let tls = match &options.tls_dir {
+        Some(dir) => format!("--tls-dir {}", quote(&dir.display().to_string())),
+        None if ip.is_loopback() => String::new(),
+        None => "--insecure".to_string(),
+    };
     let script = format!(
-        "exec {} agent --listen {} --token-file - --node {} --idle-exit 0",
+        "exec {} agent --listen {} --token-file - --node {} --idle-exit 0{}{}",
         remote_path(&binary.path),
         quote(&listen),
         quote(&target.host),
+        if tls.is_empty() { "" } else { " " },
+        tls,
     );
     let mut command = options.command(target, &script);
     command
@@ -1209,6 +1221,7 @@ mod tests {
             binary: "/bin/mh".into(),
             startup_timeout: Duration::from_secs(10),
             remote_dir: DEFAULT_REMOTE_DIR.into(),
+            tls_dir: None,
         };
         let command = options.command(&target(Some("al"), "h1", Some(2222)), "echo 'hi' $$");
         let args: Vec<String> = command
@@ -1322,6 +1335,7 @@ mod tests {
             binary,
             startup_timeout: Duration::from_millis(500),
             remote_dir: DEFAULT_REMOTE_DIR.into(),
+            tls_dir: None,
         };
         let started = Instant::now();
         let targets = parse_targets("ssh:h1,h2").unwrap();
@@ -1350,6 +1364,7 @@ mod tests {
             binary: binary.clone(),
             startup_timeout: Duration::from_secs(1),
             remote_dir: DEFAULT_REMOTE_DIR.into(),
+            tls_dir: None,
         };
         let targets = parse_targets("ssh:h1").unwrap();
         let Err(e) = start_agents(&targets, "token", &options) else {
@@ -1416,6 +1431,7 @@ mod tests {
                 binary: dir.join("monarch-host"),
                 startup_timeout: Duration::from_secs(5),
                 remote_dir: dir.join("remote dir").display().to_string(),
+                tls_dir: None,
             };
             Fakes { dir, options }
         }

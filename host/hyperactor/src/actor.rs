@@ -44,7 +44,7 @@ use tracing::Instrument;
 use crate::failure::{ActorSupervisionEvent, CallError, DeliveryFailure, Undeliverable};
 use crate::id::ActorId;
 use crate::mailbox::{
-    Mailbox, Meta, OncePortRef, Payload, PortRef, PortSink, TypeName, UNDELIVERABLE_PORT,
+    Backlog, Mailbox, Meta, OncePortRef, Payload, PortRef, PortSink, TypeName, UNDELIVERABLE_PORT,
 };
 use crate::message::{RemoteMessage, handler_port};
 use crate::proc::{Proc, ProcError};
@@ -136,11 +136,14 @@ pub(crate) struct ActorCell {
     state: AtomicU8,
     failure: OnceLock<ActorSupervisionEvent>,
     status: watch::Sender<ActorStatus>,
+    /// Messages queued and not yet handled (PR-9).
+    backlog: Arc<Backlog>,
 }
 
 impl ActorCell {
     fn new(id: ActorId) -> Self {
         ActorCell {
+            backlog: Arc::default(),
             id,
             state: AtomicU8::new(CREATED),
             failure: OnceLock::new(),
@@ -225,6 +228,10 @@ struct HandlerSink<A: Actor, M> {
 }
 
 impl<A: Handler<M>, M: RemoteMessage> PortSink for HandlerSink<A, M> {
+    fn backlog(&self) -> Option<&Arc<Backlog>> {
+        Some(&self.cell.backlog)
+    }
+
     fn deliver(&self, payload: Payload<'_>, meta: Meta) -> Result<(), DeliveryFailure> {
         if let Some(refusal) = self.cell.refusal() {
             return Err(refusal);
@@ -233,12 +240,14 @@ impl<A: Handler<M>, M: RemoteMessage> PortSink for HandlerSink<A, M> {
         let _span =
             tracing::trace_span!("deliver", actor = %self.cell.id, message = %meta.message_type)
                 .entered();
+        self.cell.backlog.added();
         self.queue
             .send(Work::Message {
                 handler: Box::new(Typed(message)),
                 meta,
             })
             .map_err(|_| {
+                self.cell.backlog.taken();
                 self.cell
                     .refusal()
                     .unwrap_or_else(|| self.cell.failed_reason())
@@ -643,6 +652,7 @@ async fn handle_messages<A: Actor>(
     while let Some(work) = rx.recv().await {
         match work {
             Work::Message { handler, meta } => {
+                cx.handle.cell.backlog.taken();
                 let span = tracing::debug_span!("handle", actor = %cx.actor_id(), message = %meta.message_type);
                 let outcome = guarded(handler.handle(actor, cx)).instrument(span).await;
                 if let Err(reason) = outcome {

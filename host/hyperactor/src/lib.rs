@@ -54,6 +54,8 @@
 pub mod actor;
 pub mod channel;
 pub mod failure;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod id;
 pub mod mailbox;
 pub mod message;

@@ -107,8 +107,70 @@ impl Payload<'_> {
     }
 }
 
+/// The messages queued for one actor and not yet taken by it: what a
+/// receiver watches to stop reading a connection that outruns the actor
+/// (PR-9).
+#[derive(Default)]
+pub(crate) struct Backlog {
+    queued: std::sync::atomic::AtomicUsize,
+    /// A receiver waits for the queue to fall to this; 0: nobody waits.
+    low_water: std::sync::atomic::AtomicUsize,
+    drained: tokio::sync::Notify,
+}
+
+impl Backlog {
+    pub(crate) fn queued(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn added(&self) {
+        self.queued.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The actor took one message.
+    pub(crate) fn taken(&self) {
+        let before = self.queued.fetch_sub(1, Ordering::AcqRel);
+        let low = self.low_water.load(Ordering::Acquire);
+        if low != 0 && before <= low + 1 {
+            self.low_water.store(0, Ordering::Release);
+            self.drained.notify_waiters();
+        }
+    }
+
+    /// Waits until at most `low` messages are queued, or the queue has not
+    /// moved for `stall`; whether it drained.
+    pub(crate) async fn drain_to(&self, low: usize, stall: std::time::Duration) -> bool {
+        let low = low.max(1);
+        let mut last = self.queued();
+        loop {
+            let drained = self.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            self.low_water.store(low, Ordering::Release);
+            let now = self.queued();
+            if now <= low {
+                self.low_water.store(0, Ordering::Release);
+                return true;
+            }
+            if tokio::time::timeout(stall, drained).await.is_err() {
+                let now = self.queued();
+                if now >= last {
+                    self.low_water.store(0, Ordering::Release);
+                    return false;
+                }
+                last = now;
+            }
+        }
+    }
+}
+
 /// The receiving end of a port, as the router sees it.
 pub(crate) trait PortSink: Send + Sync {
+    /// The queue of the actor this port feeds, for the receivers' window
+    /// (PR-9); `None` for ports that queue nothing an actor must work off.
+    fn backlog(&self) -> Option<&Arc<Backlog>> {
+        None
+    }
     /// Takes a message.
     fn deliver(&self, payload: Payload<'_>, meta: Meta) -> Result<(), DeliveryFailure>;
     /// Takes a failure that stands in for a message (once-ports end with it).
@@ -174,8 +236,25 @@ impl MailboxEntry {
 
     /// Delivers a message to one of this mailbox's ports.
     pub(crate) fn deliver(&self, payload: Payload<'_>, meta: Meta) -> Result<(), DeliveryFailure> {
+        self.deliver_within(payload, meta, usize::MAX).map(|_| ())
+    }
+
+    /// Delivers a message; the actor's queue when it now holds more than
+    /// `window` messages (PR-9).
+    pub(crate) fn deliver_within(
+        &self,
+        payload: Payload<'_>,
+        meta: Meta,
+        window: usize,
+    ) -> Result<Option<Arc<Backlog>>, DeliveryFailure> {
         match self.sink(meta.dest.index()) {
-            Some(sink) => sink.deliver(payload, meta),
+            Some(sink) => {
+                sink.deliver(payload, meta)?;
+                Ok(sink
+                    .backlog()
+                    .filter(|backlog| backlog.queued() > window)
+                    .cloned())
+            }
             None => Err(DeliveryFailure::UnknownPort {
                 port: meta.dest.clone(),
                 message_type: meta.message_type.to_string(),
@@ -281,6 +360,15 @@ impl Mailbox {
     /// Failure comes back as an [`Undeliverable`].
     pub fn post<M: RemoteMessage>(&self, dest: &PortId, message: M) {
         self.proc.post(&self.entry.id, dest, message, None);
+    }
+
+    /// Waits until a message to `dest` can be sent without queuing past the
+    /// window of the link to its proc (LK-8). Sends never wait by
+    /// themselves; a sender that may outrun its receiver (a burst, a
+    /// stream) awaits this before each one, and so holds at most a window
+    /// of unacknowledged bytes however slow the receiver is.
+    pub async fn ready(&self, dest: &PortId) {
+        self.proc.ready(dest.actor_id()).await
     }
 
     /// Opens a port that receives many messages of type `M`.

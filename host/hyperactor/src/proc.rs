@@ -26,6 +26,13 @@
 //!   connection for `session_ttl` (at least twice the delivery timeout, by
 //!   which the sender's link has died), so memory stays flat as peers come
 //!   and go.
+//! - PR-9: a receiver stops reading a connection while an actor it just fed
+//!   holds more than `port_window` queued messages, until that actor's
+//!   queue is down to half, so a fast sender fills its link's window
+//!   (LK-8) and waits instead of growing the receiver's memory. A queue
+//!   that does not move for `PORT_STALL` (its actor is waiting on
+//!   something, perhaps a reply behind it on this very connection) lets
+//!   reading go on: a bound never becomes a deadlock.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -46,7 +53,7 @@ use crate::channel::transport::{Conn, Listener, WriteHalf};
 use crate::channel::{ChannelAddr, ChannelStats};
 use crate::failure::{ActorSupervisionEvent, DeliveryFailure, Undeliverable};
 use crate::id::{ActorId, ArchivedPortId, IdParseError, PortId, ProcId, validate_name};
-use crate::mailbox::{Mailbox, MailboxEntry, Meta, Payload, TypeName, UNDELIVERABLE_PORT};
+use crate::mailbox::{Backlog, Mailbox, MailboxEntry, Meta, Payload, TypeName, UNDELIVERABLE_PORT};
 use crate::message::{
     ArchivedBody, ArchivedEnvelope, Body, Envelope, RemoteMessage, encode_envelope,
 };
@@ -189,7 +196,17 @@ pub struct ProcConfig {
     /// connection closed (PR-8); at least twice `delivery_timeout`, past
     /// which the sender's link is dead anyway. Default 10 min.
     pub session_ttl: Duration,
+    /// Unacknowledged bytes a link to one peer holds before
+    /// [`Mailbox::ready`] makes a sender wait (LK-8). Default 8 MiB.
+    pub link_window: usize,
+    /// Queued messages of one actor past which a receiver stops reading
+    /// the connection that feeds it (PR-9). Default 8192.
+    pub port_window: usize,
 }
+
+/// How long a queue over its window may stay still before the receiver
+/// reads on regardless (PR-9).
+const PORT_STALL: Duration = Duration::from_millis(250);
 
 /// A cluster token; its `Debug` form does not show it.
 #[derive(Clone, PartialEq, Eq)]
@@ -236,6 +253,8 @@ impl Default for ProcConfig {
             busy_poll: Duration::from_micros(50),
             cluster_token: None,
             session_ttl: Duration::from_secs(600),
+            link_window: 8 << 20,
+            port_window: 8192,
         }
     }
 }
@@ -456,6 +475,58 @@ impl Proc {
         self.0.ended.lock().get(addr).cloned()
     }
 
+    /// Waits until a message to `dest` may be sent without queuing past the
+    /// window of the link to its proc (LK-8): at once within this process
+    /// or while the link has room, else when the peer acknowledges enough.
+    /// A sender that may outrun its receiver awaits this before each send.
+    pub async fn ready(&self, dest: &ActorId) {
+        // No link is past its window: one load, the common case.
+        if self.0.stats.links_over_window.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let addr = dest.proc_id().addr();
+        if matches!(addr, ChannelAddr::Local(_)) && self.in_process(dest).is_some() {
+            return;
+        }
+        let link = self.0.links.lock().get(addr).cloned();
+        if let Some(link) = link {
+            link.ready().await;
+        }
+    }
+
+    /// Waits until every link of this proc has room in its window (LK-8):
+    /// for a sender whose messages fan out through many links (a cast).
+    /// One atomic load while no link is full.
+    pub async fn ready_all(&self) {
+        while self.0.stats.links_over_window.load(Ordering::Relaxed) > 0 {
+            let full: Vec<_> = self
+                .0
+                .links
+                .lock()
+                .values()
+                .filter(|link| link.unacked_bytes() >= self.0.config.link_window)
+                .cloned()
+                .collect();
+            if full.is_empty() {
+                // Counted, but opened meanwhile.
+                return;
+            }
+            for link in full {
+                link.ready().await;
+            }
+        }
+    }
+
+    /// The unacknowledged bytes of every link this proc holds now (LK-8).
+    pub fn unacked_bytes(&self) -> usize {
+        self.0
+            .links
+            .lock()
+            .values()
+            .map(|l| l.unacked_bytes())
+            .sum()
+    }
+
     /// Drops every outgoing connection at once. Links reconnect and write
     /// every unacknowledged message again; receivers drop what they already
     /// have. Useful after a network change, and to test exactly that.
@@ -622,6 +693,15 @@ impl Proc {
             }
         };
         if frame.len() - HEADER_LEN > self.0.config.max_frame_size {
+            if meta.is_none() {
+                // Nobody waits on it to hear why: say so here.
+                tracing::warn!(
+                    dest = %envelope.dest,
+                    bytes = frame.len() - HEADER_LEN,
+                    limit = self.0.config.max_frame_size,
+                    "dropped a message over the frame limit"
+                );
+            }
             if let Some(meta) = meta {
                 let failure = DeliveryFailure::Malformed {
                     port: envelope.dest.clone(),
@@ -672,6 +752,7 @@ impl Proc {
         );
         let config = LinkConfig {
             delivery_timeout: self.0.config.delivery_timeout,
+            window_bytes: self.0.config.link_window.max(1),
         };
         // The handshake names this proc, and carries the cluster token
         // after a newline when there is one (PR-6).
@@ -727,7 +808,7 @@ impl Proc {
         body: &[u8],
         envelope: &ArchivedEnvelope,
         type_names: &mut TypeNames,
-    ) -> Result<(), FrameError> {
+    ) -> Result<Option<Arc<Backlog>>, FrameError> {
         let dest = decode_port(&envelope.dest)?;
         let actor = dest.actor_id();
         let entry = if actor.proc_id().name() == self.0.id.name() {
@@ -753,13 +834,18 @@ impl Proc {
                     dest,
                 };
                 let result = match entry {
-                    Some(entry) => entry.deliver(Payload::Remote(bytes), meta.clone()),
+                    Some(entry) => entry.deliver_within(
+                        Payload::Remote(bytes),
+                        meta.clone(),
+                        self.0.config.port_window,
+                    ),
                     None => Err(DeliveryFailure::UnknownActor {
                         actor: meta.dest.actor_id().clone(),
                     }),
                 };
-                if let Err(failure) = result {
-                    self.fail_delivery(&meta, failure);
+                match result {
+                    Ok(full) => return Ok(full),
+                    Err(failure) => self.fail_delivery(&meta, failure),
                 }
             }
             ArchivedBody::Failure(failure) => {
@@ -773,7 +859,7 @@ impl Proc {
                 }
             }
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Opens a connection of session `id`; [`Proc::session_closed`] ends it.
@@ -945,7 +1031,8 @@ fn peer_gone(e: &std::io::Error) -> bool {
 /// order, acknowledged in batches. Returns an error for a bad frame, which
 /// closes only this connection (PR-2).
 async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
-    let (mut rd, wr) = conn.into_split()?;
+    // A TCP connection's TLS handshake, here and not in the accept loop (TL-3).
+    let (mut rd, wr) = conn.accept_tls().await?.into_split()?;
     let mut reader = FrameReader::new(proc.0.config.max_frame_size);
     let hello = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
         loop {
@@ -996,6 +1083,7 @@ async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
     let mut shutdown = proc.0.shutdown.subscribe();
     let mut pace = Pace::new(proc.0.config.busy_poll, SPIN_MAX);
     loop {
+        let mut full: Option<Arc<Backlog>> = None;
         while let Some((header, body)) = reader.next_frame()? {
             if header.kind != FrameKind::Data {
                 return Err(FrameError::BadKind(header.kind as u8));
@@ -1028,13 +1116,31 @@ async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
             } else {
                 let envelope = rkyv::access::<ArchivedEnvelope, rancor::Error>(bytes)
                     .map_err(|e| FrameError::Invalid(e.to_string()))?;
-                proc.deliver_archived(bytes, envelope, &mut type_names)?;
+                full = proc.deliver_archived(bytes, envelope, &mut type_names)?;
                 *last = header.seq;
                 delivered = header.seq;
             }
             if ack_deadline.is_none() && delivered > acked {
                 ack_deadline = Some(tokio::time::Instant::now() + proc.0.config.ack_interval);
             }
+            if full.is_some() {
+                break;
+            }
+        }
+        if let Some(backlog) = full {
+            // PR-9: what was delivered is acknowledged (the sender's window
+            // counts only what is in flight); reading waits for the actor.
+            if delivered > acked {
+                ack(&wr, delivered).await?;
+                acked = delivered;
+                ack_deadline = None;
+            }
+            proc.0.stats.paused_reads.fetch_add(1, Ordering::Relaxed);
+            let low = proc.0.config.port_window / 2;
+            if !backlog.drain_to(low, PORT_STALL).await {
+                tracing::debug!(proc = %proc.0.id, %from, queued = backlog.queued(), "an actor's queue is past its window and not moving; reading on");
+            }
+            continue;
         }
         if delivered > acked && delivered - acked >= proc.0.config.ack_every {
             ack(&wr, delivered).await?;
@@ -1226,6 +1332,72 @@ mod tests {
             .unwrap();
         assert_eq!(stats.received, 50 * 41);
         assert_eq!(stats.out_of_order, 0);
+    }
+
+    /// LK-8 and PR-9: a burst of 200,000 messages to an actor that is
+    /// busy when it starts. The receiver stops reading once the actor's
+    /// queue passes its window, the sender's link fills its window and the
+    /// sender waits; every message arrives, in order, and the sending
+    /// side never holds more than its window and one frame.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn lk8_a_burst_waits_for_the_window_and_loses_nothing() {
+        const BURST: u64 = 200_000;
+        const WINDOW: usize = 1 << 20;
+        let dir = std::env::temp_dir();
+        let sock = |n: &str| {
+            format!("unix:{}/lk8-{}-{n}.sock", dir.display(), new_session_id())
+                .parse()
+                .unwrap()
+        };
+        let config = ProcConfig {
+            link_window: WINDOW,
+            port_window: 1024,
+            ..quick()
+        };
+        let a = Proc::serve_with_config("a", sock("a"), config.clone())
+            .await
+            .unwrap();
+        let b = Proc::serve_with_config("b", sock("b"), config)
+            .await
+            .unwrap();
+        let echo = b.spawn("echo", 0, EchoActor::default()).unwrap().bind();
+        let (client, _) = a.attach("client").unwrap();
+        // Keep the actor busy while the burst starts: long enough for the
+        // sender to fill both windows on a loaded machine.
+        let busy = client.open_once_port::<()>();
+        echo.send(
+            &client,
+            Sleep {
+                millis: 1500,
+                reply: busy.bind(),
+            },
+        );
+        let dest = echo.port::<Numbered>().id().clone();
+        for seq in 0..BURST {
+            client.ready(&dest).await;
+            echo.send(&client, Numbered { stream: 8, seq });
+        }
+        let stats = echo
+            .call(&client, |reply| StreamReport { stream: 8, reply })
+            .await
+            .unwrap();
+        assert_eq!(stats.received, BURST, "every message arrives");
+        assert_eq!(stats.out_of_order, 0, "in order");
+        let sent = a.stats();
+        let peak = sent.peak_unacked_bytes.load(Ordering::Relaxed) as usize;
+        assert!(
+            peak <= WINDOW + 4096,
+            "the sender held {peak} unacknowledged bytes, past its window of {WINDOW}"
+        );
+        assert!(
+            sent.window_waits.load(Ordering::Relaxed) > 0,
+            "the sender never waited: the burst did not outrun the busy actor"
+        );
+        assert!(
+            b.stats().paused_reads.load(Ordering::Relaxed) > 0,
+            "the receiver never stopped reading for the busy actor"
+        );
+        assert_eq!(a.unacked_bytes(), 0, "everything is acknowledged");
     }
 
     #[tokio::test]

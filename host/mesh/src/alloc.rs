@@ -196,6 +196,11 @@ pub struct BootstrapConfig {
     /// them (hyperactor's PR-6); none on one machine.
     #[serde(default)]
     pub cluster_token: Option<String>,
+    /// The TLS directory of the parent (`hyperactor::channel::tls`): the
+    /// child reads its certificates from there and speaks TLS on TCP as
+    /// its parent does. A path, never key material.
+    #[serde(default)]
+    pub tls_dir: Option<PathBuf>,
 }
 
 /// A command that starts a child proc: a program and its arguments, to
@@ -321,6 +326,8 @@ impl Allocator for LocalAllocator {
                     blob_dir: self.registry.blob_dir().to_path_buf(),
                     busy_poll_us,
                     cluster_token: self.cluster_token.clone(),
+                    tls_dir: hyperactor::channel::tls::installed()
+                        .map(|tls| tls.dir().to_path_buf()),
                 };
                 start_child(
                     self.command.clone(),
@@ -634,6 +641,9 @@ pub async fn bootstrap_main(
         None => config.listen.parse()?,
     };
     let events: hyperactor::PortId = config.events.parse()?;
+    if let Some(dir) = &config.tls_dir {
+        hyperactor::channel::tls::install(hyperactor::channel::tls::TlsConfig::from_dir(dir)?)?;
+    }
     let registry = Arc::new(make_registry(&config));
     let proc_config = hyperactor::ProcConfig {
         busy_poll: Duration::from_micros(config.busy_poll_us),

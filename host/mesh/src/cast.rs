@@ -146,6 +146,14 @@ impl Caster {
         request.node.deadline + self.held().saturating_sub(request.held_at)
     }
 
+    /// Waits until the links casts leave by have room in their windows
+    /// (LK-8): a caster that may cast faster than the mesh takes its
+    /// casts awaits this before each one, so that they wait here instead
+    /// of queuing without bound.
+    pub async fn ready(&self) {
+        self.mailbox.proc().ready_all().await
+    }
+
     /// Casts `message` to `endpoint` of the ranks `target` selects and
     /// returns the cast's number; what comes back arrives through
     /// [`Caster::next`].

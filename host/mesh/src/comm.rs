@@ -511,6 +511,9 @@ fn me(cx: &Context<CommActor>) -> PortRef<CastReply> {
 
 impl Handler<Cast> for CommActor {
     async fn handle(&mut self, cx: &Context<Self>, cast: Cast) -> anyhow::Result<()> {
+        // Forward only while the links down the tree have room (LK-8): a
+        // slow subtree backs the cast up here, then (PR-9) upstream.
+        cx.proc().ready_all().await;
         let key: Key = (cast.origin.clone(), cast.seq);
         let now = Instant::now();
         let mut state = self.state.lock();

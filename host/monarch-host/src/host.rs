@@ -12,6 +12,26 @@
 //!   owns; every request waiting on it gets an error of its own.
 //! - MS-1: a request to a mesh its owner stopped, or to a rank whose
 //!   failure it heard of, fails before anything is sent.
+//!
+//! A guest may be hostile (`docs/host.md`, "Hostile guests"); what it can
+//! make the host hold is bounded per instance:
+//!
+//! - HG-1: linear memory by the memory cap (`--memory`), tables by the
+//!   engine's pool; a refused growth is remembered, so that the trap after
+//!   it is reported as out of memory, naming the cap.
+//! - HG-2: what one host call takes from the guest by the hostcall fuel
+//!   ([`HOSTCALL_FUEL`], as large as a frame between procs); past it the
+//!   guest traps with "payload too large".
+//! - HG-3: resources by [`MAX_RESOURCES`]; past it the guest traps with
+//!   "too many handles".
+//! - HG-4: a message larger than [`MAX_MESSAGE`] (so that its frame would
+//!   not fit between procs) fails at once with kind `invalid`, naming its
+//!   size and the limit, instead of being dropped on the way; a reply
+//!   that large is an endpoint error of the actor that made it.
+//! - HG-5: at most [`MAX_IN_FLIGHT`] requests whose events the guest has
+//!   not taken; past it the guest traps with "too many requests", so that
+//!   a guest that calls without ever waiting cannot grow the host's
+//!   memory without bound.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -37,8 +57,8 @@ use crate::engine::{Placement, Sandbox};
 use crate::errors;
 use crate::mesh::{
     ActorMeshHandle, MeshBase, PersistentActorMesh, PersistentActorMeshes, ProcMeshHandle,
-    WasmSpawnParams, extent_size, persistent_actor_name, slice, validate_extent,
-    validate_persistent_name,
+    WasmSpawnParams, checked_extent_size, extent_size, persistent_actor_name, slice,
+    validate_extent, validate_persistent_name,
 };
 use crate::output::LineOutput;
 
@@ -436,6 +456,10 @@ pub struct HostState {
     events: Option<mpsc::UnboundedReceiver<MeshEvent>>,
     /// The meshes this instance spawned, whose failures it hears of.
     spawned: Vec<Arc<MeshBase>>,
+    /// The procs this instance stopped: a reference to a mesh on them,
+    /// resolved later, is stopped at once (MS-1), not cast to a proc that
+    /// is gone.
+    stopped_procs: HashSet<ProcId>,
     /// Where the data plane's waits (tensor fetches, RDMA transfers) post
     /// their `done` events, and where `next-events` takes them from.
     completions: mpsc::UnboundedSender<Event>,
@@ -488,7 +512,61 @@ const EVENT_SPIN_MAX: Duration = Duration::from_millis(1);
 const HOSTCALL_FUEL: usize = 64 << 20;
 
 /// Resources one instance may hold at once.
-const MAX_RESOURCES: usize = 10_000;
+pub(crate) const MAX_RESOURCES: usize = 10_000;
+
+/// Requests one instance may have in flight or finished but not yet
+/// taken by `next-events` (HG-5).
+pub(crate) const MAX_IN_FLIGHT: usize = 65_536;
+
+/// How [`too_many_requests`] starts.
+pub(crate) const TOO_MANY_REQUESTS: &str = "too many requests: ";
+
+/// Why a guest with [`MAX_IN_FLIGHT`] requests whose events it has not
+/// taken cannot make another.
+pub(crate) fn too_many_requests() -> String {
+    format!(
+        "{TOO_MANY_REQUESTS}the instance has {MAX_IN_FLIGHT} requests whose events it has not taken, the most one instance may have; await replies (next-events) before making more"
+    )
+}
+
+/// How [`too_many_handles`] starts.
+pub(crate) const TOO_MANY_HANDLES: &str = "too many handles: ";
+
+/// Why a guest that holds [`MAX_RESOURCES`] resources cannot get another.
+pub(crate) fn too_many_handles() -> String {
+    format!(
+        "{TOO_MANY_HANDLES}the instance holds {MAX_RESOURCES} resources (meshes, slices, tensors, buffers, WASI streams), the most one instance may hold at once; drop the handles it no longer needs"
+    )
+}
+
+/// The most bytes one message (its payload and endpoint name) may carry:
+/// a frame between procs is at most [`HOSTCALL_FUEL`] bytes, and its
+/// envelope (addresses, the cast's ranks) takes the rest (HG-4).
+pub(crate) const MAX_MESSAGE: usize = HOSTCALL_FUEL - (64 << 10);
+
+/// The error of a message of `payload` to `endpoint` that exceeds
+/// [`MAX_MESSAGE`], refused before it is sent (HG-4); None when it fits.
+pub(crate) fn too_large(endpoint: &str, payload: &[u8]) -> Option<CallError> {
+    let size = endpoint.len() + payload.len();
+    (size > MAX_MESSAGE).then(|| {
+        errors::invalid(format!(
+            "a message to `{endpoint}` of {size} bytes exceeds the limit of {MAX_MESSAGE} bytes (a frame between procs is at most {} MiB, envelope included); send large data in parts",
+            HOSTCALL_FUEL >> 20
+        ))
+    })
+}
+
+/// How [`payload_too_large`] starts.
+pub(crate) const PAYLOAD_TOO_LARGE: &str = "payload too large: ";
+
+/// Why a guest that handed the host more than [`HOSTCALL_FUEL`] bytes in
+/// one call was stopped.
+pub(crate) fn payload_too_large() -> String {
+    format!(
+        "{PAYLOAD_TOO_LARGE}the guest handed the host more than {} MiB in one call, the most one call (a message, a name) may carry; send large data in parts",
+        HOSTCALL_FUEL >> 20
+    )
+}
 
 /// The fan-out of the multicast trees of casts.
 pub const FANOUT: u32 = hyperactor_mesh::comm::DEFAULT_FANOUT;
@@ -557,6 +635,7 @@ impl HostState {
             who,
             events: None,
             spawned: Vec::new(),
+            stopped_procs: HashSet::new(),
             completions,
             completed,
             rdma: Default::default(),
@@ -581,8 +660,16 @@ impl HostState {
         self.events = Some(events);
     }
 
+    /// Adds a resource the guest will hold; past [`MAX_RESOURCES`] the
+    /// guest traps with [`too_many_handles`] (HG-3).
     fn push<T: Send + 'static>(&mut self, value: T) -> wasmtime::Result<Resource<T>> {
-        Ok(self.table.push(value)?)
+        match self.table.push(value) {
+            Ok(resource) => Ok(resource),
+            Err(wasmtime::component::ResourceTableError::Full) => {
+                wasmtime::bail!("{}", too_many_handles())
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     fn request_id(&mut self) -> u64 {
@@ -851,7 +938,23 @@ impl wasmtime::ResourceLimiter for Limits {
         desired: usize,
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        self.inner.table_growing(current, desired, maximum)
+        let allowed = self.inner.table_growing(current, desired, maximum)?;
+        if !allowed {
+            self.refused = Some(match maximum {
+                Some(max) => format!(
+                    "growing a table to {desired} elements was refused: the most it may hold is {max} (its own maximum, or the engine's pool, sized for the program)"
+                ),
+                None => format!("growing a table to {desired} elements was refused"),
+            });
+        }
+        Ok(allowed)
+    }
+
+    fn table_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        if self.refused.is_none() {
+            self.refused = Some(format!("growing a table failed: {error}"));
+        }
+        Ok(())
     }
 
     fn instances(&self) -> usize {
@@ -1213,6 +1316,7 @@ impl mesh::HostProcMesh for HostState {
             ));
         }
         self.spawned.retain(|m| !on_them(m));
+        self.stopped_procs.extend(procs.iter().cloned());
         if let Ok(client) = self.cluster.client() {
             let stops = meshes.iter().map(|mesh| {
                 self.cluster
@@ -1382,8 +1486,20 @@ impl HostState {
                 "a per-proc dimension has the name of a proc dimension".into()
             ));
         }
-        let per = extent_size(&per_proc).max(1) as u32;
+        // Sizes are the guest's: a product past a rank's range (u32) is
+        // refused, not wrapped (EX-1 of `mesh`).
+        let per = checked_extent_size(&per_proc).unwrap_or(0).max(1);
         extent.extend(per_proc);
+        if checked_extent_size(&extent).is_none() {
+            return Ok(Err(format!(
+                "cannot spawn `{name}`: {} actors is more than a mesh can hold",
+                extent
+                    .iter()
+                    .map(|d| d.size.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" x ")
+            )));
+        }
         // A stopped mesh's name may be used again.
         self.spawned.retain(|m| m.state().stopped.is_none());
         if !persist
@@ -1546,6 +1662,8 @@ impl mesh::HostActorMesh for HostState {
             Some(reducer) => Mode::Reduce(reducer),
             None => Mode::Gather,
         };
+        // LK-8: a guest that casts faster than the mesh takes it waits.
+        self.caster.ready().await;
         self.request(this, endpoint, message, mode, |mesh| {
             if mesh.ranks.is_empty() && matches!(mode, Mode::Reduce(_)) {
                 return Err("nothing to reduce: the mesh is empty".into());
@@ -1560,6 +1678,8 @@ impl mesh::HostActorMesh for HostState {
         endpoint: String,
         message: Vec<u8>,
     ) -> wasmtime::Result<u64> {
+        // LK-8: a guest that casts faster than the mesh takes it waits.
+        self.caster.ready().await;
         self.request(this, endpoint, message, Mode::Single, |mesh| {
             if mesh.ranks.len() == 1 {
                 Ok(Some(vec![0]))
@@ -1578,6 +1698,8 @@ impl mesh::HostActorMesh for HostState {
         endpoint: String,
         message: Vec<u8>,
     ) -> wasmtime::Result<u64> {
+        // LK-8: a guest that casts faster than the mesh takes it waits.
+        self.caster.ready().await;
         self.request(this, endpoint, message, Mode::Single, |mesh| {
             // A live actor with the fewest calls in flight; a rank known to
             // have failed only when every one has (the call then fails at
@@ -1599,6 +1721,8 @@ impl mesh::HostActorMesh for HostState {
         endpoint: String,
         message: Vec<u8>,
     ) -> wasmtime::Result<u64> {
+        // LK-8: a guest that casts faster than the mesh takes it waits.
+        self.caster.ready().await;
         self.request(this, endpoint, message, Mode::Stream, |mesh| {
             if mesh.ranks.is_empty() {
                 return Err("stream needs a mesh with at least one actor".into());
@@ -1613,10 +1737,15 @@ impl mesh::HostActorMesh for HostState {
         endpoint: String,
         message: Vec<u8>,
     ) -> wasmtime::Result<Result<(), CallError>> {
+        if let Some(error) = too_large(&endpoint, &message) {
+            return Ok(Err(error));
+        }
         let mesh = self.table.get(&this)?.clone();
         if let Some(error) = self.refused(&mesh, None, &endpoint) {
             return Ok(Err(error));
         }
+        // LK-8: a guest that broadcasts faster than the mesh takes it waits.
+        self.caster.ready().await;
         self.start(&mesh, None, endpoint, message, Mode::Broadcast);
         Ok(Ok(()))
     }
@@ -1668,6 +1797,17 @@ impl mesh::HostActorMesh for HostState {
                 {
                     // So is one to a persistent actor mesh of the server.
                     mesh.base = persistent.base.clone();
+                } else if mesh
+                    .base
+                    .procs
+                    .iter()
+                    .any(|p| self.stopped_procs.contains(p))
+                {
+                    // One to a mesh whose procs this instance stopped.
+                    mesh.base.state().stopped = Some(format!(
+                        "the actor mesh `{}` was stopped with its procs",
+                        mesh.base.name
+                    ));
                 }
                 Ok(Ok(self.push(mesh)?))
             }
@@ -1690,6 +1830,12 @@ impl HostState {
         mode: Mode,
         select: impl FnOnce(&ActorMeshHandle) -> Result<Option<Vec<usize>>, String>,
     ) -> wasmtime::Result<u64> {
+        if self.pending.len() + self.ready.len() >= MAX_IN_FLIGHT {
+            wasmtime::bail!("{}", too_many_requests());
+        }
+        if let Some(error) = too_large(&endpoint, &message) {
+            return Ok(self.refuse(error));
+        }
         let mesh = self.table.get(&this)?.clone();
         let positions = match select(&mesh) {
             Ok(positions) => positions,
@@ -1787,5 +1933,48 @@ impl HostState {
             .filter_map(|r| state.failed.get(r))
             .min_by_key(|f| f.rank)
             .map(|failure| errors::from_failure(failure, endpoint))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use wasmtime::ResourceLimiter;
+
+    use super::*;
+
+    /// HG-4: a message that would not fit a frame is refused, naming its
+    /// size and the limit; one that fits is not.
+    #[test]
+    fn hg_4_a_message_past_a_frame_is_refused_with_its_size() {
+        let payload = vec![0; MAX_MESSAGE];
+        assert!(too_large("", &payload).is_none());
+        let error = too_large("sink", &payload).expect("refused");
+        assert!(matches!(error.kind, ErrorKind::Invalid));
+        assert!(
+            error.message.contains(&format!(
+                "of {} bytes exceeds the limit of {MAX_MESSAGE} bytes",
+                MAX_MESSAGE + 4
+            )),
+            "{}",
+            error.message
+        );
+    }
+
+    /// HG-1: a refused table growth is remembered, so that the trap after
+    /// it is reported as out of memory, naming the table.
+    #[test]
+    fn hg_1_a_refused_table_growth_is_remembered() {
+        let mut limits = Limits::new(64 << 20);
+        assert!(limits.table_growing(1, 1_000, Some(20_000)).unwrap());
+        assert_eq!(limits.out_of_memory(), None);
+        assert!(!limits.table_growing(1, 20_001, Some(20_000)).unwrap());
+        let why = limits.out_of_memory().expect("remembered");
+        assert!(
+            why.contains("growing a table to 20001 elements was refused")
+                && why.contains("the most it may hold is 20000"),
+            "{why}"
+        );
+        limits.clear();
+        assert_eq!(limits.out_of_memory(), None);
     }
 }

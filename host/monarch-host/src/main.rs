@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use monarch_host::{DirGrant, Grants, Placement, RunError, Sandbox, parse_env};
 
+mod certs;
 mod k8s_cli;
 mod serve_cli;
 mod slurm_cli;
@@ -95,6 +96,12 @@ enum Command {
     ///
     /// Example: monarch-host k8s manifest --name train --replicas 4 --image IMG
     K8s(k8s_cli::K8sArgs),
+    /// Makes the certificates for TLS between hosts: a cluster CA and host
+    /// certificates that agents, controllers and servers use with
+    /// --tls-dir.
+    ///
+    /// Example: monarch-host certs new --dir tls --hosts node1,node2
+    Certs(certs::CertsArgs),
     /// Serves one proc of a mesh; monarch-host starts it, not users.
     #[command(hide = true)]
     Bootstrap,
@@ -132,6 +139,13 @@ struct RunArgs {
     /// The cluster token the agents were started with (--hosts).
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// Speaks mutual TLS to the agents and their procs, with the cluster
+    /// certificates in DIR (ca.pem, host.pem, host.key; see `monarch-host
+    /// certs new`). Agents must use the same CA. With `--hosts ssh:`, the
+    /// agents are started with `--tls-dir DIR` too: DIR must exist at
+    /// that path on every host.
+    #[arg(long, env = "MONARCH_TLS_DIR", value_name = "DIR")]
+    tls_dir: Option<PathBuf>,
     /// Seconds without an answer to heartbeats after which a host is lost
     /// and its procs fail (--hosts).
     #[arg(long, default_value_t = 5.0)]
@@ -272,6 +286,17 @@ struct AgentArgs {
     /// CANCELLED)`. Default: $SLURMD_NODENAME, else the host name.
     #[arg(long)]
     node: Option<String>,
+    /// Speaks mutual TLS with controllers and procs, with the cluster
+    /// certificates in DIR (ca.pem, host.pem, host.key; see `monarch-host
+    /// certs new`); the procs this agent starts use it too. Required off
+    /// loopback unless --insecure.
+    #[arg(long, env = "MONARCH_TLS_DIR", value_name = "DIR")]
+    tls_dir: Option<PathBuf>,
+    /// Listens off loopback without TLS: traffic, and the cluster token,
+    /// travel in clear. Only for networks nobody else can read. A TLS
+    /// directory (--tls-dir or $MONARCH_TLS_DIR) wins over it.
+    #[arg(long)]
+    insecure: bool,
 }
 
 fn main() -> ExitCode {
@@ -284,6 +309,7 @@ fn main() -> ExitCode {
         hosts_file,
         cluster,
         token_file,
+        tls_dir,
         heartbeat_timeout,
         fanout,
         memory,
@@ -306,6 +332,7 @@ fn main() -> ExitCode {
         Command::Agent(args) => return agent(args),
         Command::Slurm(args) => return slurm_cli::command(args),
         Command::K8s(args) => return k8s_cli::command(args),
+        Command::Certs(args) => return certs::command(args),
         Command::Serve(args) => {
             init_tracing();
             return serve_cli::serve(args);
@@ -323,6 +350,12 @@ fn main() -> ExitCode {
         Command::Run(run) => run,
     };
     init_tracing();
+    if let Some(dir) = &tls_dir
+        && let Err(e) = certs::install(dir)
+    {
+        eprintln!("monarch-host: error: {e}");
+        return ExitCode::FAILURE;
+    }
     let built = source_program(&app).and_then(|app| {
         let libraries = actors
             .iter()
@@ -351,7 +384,12 @@ fn main() -> ExitCode {
             }
         }
     } else if hosts.first().is_some_and(|h| h.starts_with("ssh:")) {
-        match ssh_placement(&hosts.join(","), token_file, heartbeat_timeout) {
+        match ssh_placement(
+            &hosts.join(","),
+            token_file,
+            tls_dir.as_deref(),
+            heartbeat_timeout,
+        ) {
             Ok((placement, agents)) => {
                 _ssh_agents = Some(agents);
                 placement
@@ -394,6 +432,27 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if hyperactor::channel::tls::installed().is_some()
+        && let Placement::Hosts { agents, .. } = &placement
+    {
+        // A certificate of another cluster fails here, by name, rather
+        // than as an agent that never answers.
+        let agents = agents.clone();
+        let probed = runtime.block_on(async move {
+            let mut probes = tokio::task::JoinSet::new();
+            for agent in agents {
+                probes.spawn(async move { hyperactor::channel::tls::probe(&agent).await });
+            }
+            while let Some(probe) = probes.join_next().await {
+                probe.map_err(|e| std::io::Error::other(e.to_string()))??;
+            }
+            Ok::<_, std::io::Error>(())
+        });
+        if let Err(e) = probed {
+            eprintln!("monarch-host: error: cannot reach an agent over TLS: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let sandbox = Sandbox {
         memory_bytes: memory as usize * (1 << 20),
         deadline: Duration::from_secs(timeout),
@@ -646,6 +705,7 @@ pub(crate) fn cluster_placement(
 fn ssh_placement(
     spec: &str,
     token_file: Option<PathBuf>,
+    tls_dir: Option<&std::path::Path>,
     heartbeat_timeout: f64,
 ) -> Result<(Placement, monarch_cluster::ssh::SshAgents), String> {
     let targets = monarch_cluster::ssh::parse_targets(spec).map_err(|e| e.to_string())?;
@@ -655,7 +715,9 @@ fn ssh_placement(
     };
     let binary = std::env::current_exe()
         .map_err(|e| format!("cannot find this binary to copy to the hosts: {e}"))?;
-    let options = monarch_cluster::ssh::SshOptions::from_env(binary).map_err(|e| e.to_string())?;
+    let mut options =
+        monarch_cluster::ssh::SshOptions::from_env(binary).map_err(|e| e.to_string())?;
+    options.tls_dir = tls_dir.map(std::path::Path::to_path_buf);
     let agents = monarch_cluster::ssh::start_agents(&targets, &token, &options)
         .map_err(|e| e.to_string())?;
     let addrs = agents
@@ -687,6 +749,25 @@ fn agent(args: AgentArgs) -> ExitCode {
     };
     if !(args.idle_exit.is_finite() && args.idle_exit >= 0.0) {
         return fail("--idle-exit must be a number of seconds, 0 or more".into());
+    }
+    match (&args.tls_dir, args.insecure) {
+        (Some(dir), _) => {
+            if let Err(e) = certs::install(dir) {
+                return fail(e);
+            }
+        }
+        (None, _) if is_loopback(&addr) => {}
+        (None, true) => eprintln!(
+            "monarch-host agent: WARNING: --insecure: listening on {addr} without TLS; \
+             traffic and the cluster token travel in clear"
+        ),
+        (None, false) => {
+            return fail(format!(
+                "{addr} is not a loopback address, and without TLS traffic and the cluster \
+                 token would travel in clear: give --tls-dir DIR (make one with `monarch-host \
+                 certs new --dir DIR`), or --insecure on a network nobody else can read"
+            ));
+        }
     }
     let from_stdin = args.token_file.as_deref() == Some(std::path::Path::new("-"));
     let token = match (&args.token_file, from_stdin) {

@@ -3,6 +3,10 @@
 //! A mesh handle is a shape (an extent) and its members in row-major rank
 //! order. Slicing keeps the members at the chosen coordinates: an index
 //! drops its dimension, a range keeps it. A slice is again a mesh.
+//!
+//! - EX-1: sizes from a guest (an extent, a reference's fields) are
+//!   multiplied with overflow checks; a reference whose extent does not
+//!   hold exactly its ranks, or names a dimension twice, is refused.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
@@ -159,7 +163,19 @@ impl ActorMeshHandle {
             .into_iter()
             .map(|(name, size)| Dim { name, size })
             .collect();
-        if extent_size(&extent) != wire.ranks.len() || wire.per_proc == 0 {
+        if let Some(twice) = extent
+            .iter()
+            .enumerate()
+            .find(|(i, d)| extent[..*i].iter().any(|e| e.name == d.name))
+        {
+            return Err(format!(
+                "actor mesh reference: the dimension `{}` is named twice",
+                twice.1.name
+            ));
+        }
+        if checked_extent_size(&extent).map(|n| n as usize) != Some(wire.ranks.len())
+            || wire.per_proc == 0
+        {
             return Err("actor mesh reference: extent and ranks disagree".into());
         }
         let procs = wire
@@ -543,9 +559,20 @@ impl WasmSpawnParams {
     }
 }
 
-/// The number of points of an extent.
+/// The number of points of an extent; `usize::MAX` when the product
+/// overflows (a guest may name any sizes: EX-1).
 pub fn extent_size(extent: &[Dim]) -> usize {
-    extent.iter().map(|d| d.size as usize).product()
+    extent
+        .iter()
+        .try_fold(1usize, |size, d| size.checked_mul(d.size as usize))
+        .unwrap_or(usize::MAX)
+}
+
+/// The number of points of an extent, if it fits a rank (`u32`).
+pub fn checked_extent_size(extent: &[Dim]) -> Option<u32> {
+    extent
+        .iter()
+        .try_fold(1u32, |size, d| size.checked_mul(d.size))
 }
 
 /// The mesh layer's extent for a WIT extent, checked: at least one
@@ -700,5 +727,35 @@ mod tests {
         let target = back.target(Some(&[1]));
         assert_eq!(target.ranks, vec![vec![], vec![3]]);
         assert!(ActorMeshHandle::from_ref(b"nonsense").is_err());
+    }
+
+    /// A reference as JSON with these fields.
+    fn forged(extent: &str, ranks: &str) -> Vec<u8> {
+        format!(
+            r#"{{"name":"m","procs":["local:x,p"],"per_proc":1,"extent":{extent},"ranks":{ranks}}}"#
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn ex_1_forged_extents_are_refused_without_overflow() {
+        let big = u32::MAX;
+        let overflow = forged(&format!(r#"[["a",{big}],["b",{big}],["c",{big}]]"#), "[]");
+        let error = ActorMeshHandle::from_ref(&overflow).err().unwrap();
+        assert!(error.contains("extent and ranks disagree"), "{error}");
+        // 2^64 wraps to 0 in unchecked arithmetic, which would match no ranks.
+        let wraps = forged(r#"[["a",65536],["b",65536],["c",65536],["d",65536]]"#, "[]");
+        assert!(ActorMeshHandle::from_ref(&wraps).is_err());
+        let twice = forged(r#"[["x",1],["x",1]]"#, "[0]");
+        let error = ActorMeshHandle::from_ref(&twice).err().unwrap();
+        assert!(error.contains("named twice"), "{error}");
+        let outside = forged(r#"[["x",2]]"#, "[0,7]");
+        let error = ActorMeshHandle::from_ref(&outside).err().unwrap();
+        assert!(error.contains("outside the mesh"), "{error}");
+        // A slice down to one actor has no dimensions left, and is fine.
+        assert!(ActorMeshHandle::from_ref(&forged("[]", "[0]")).is_ok());
+        let huge = dims(&[("a", big), ("b", big), ("c", big)]);
+        assert_eq!(extent_size(&huge), usize::MAX);
+        assert_eq!(checked_extent_size(&huge), None);
     }
 }

@@ -484,6 +484,9 @@ impl Prepared {
         let outcome = match outcome {
             Err(RunError::Exit(0)) => Ok(()),
             Err(RunError::Trap(trap)) => match store.data().limits.out_of_memory() {
+                // Another of the host's limits names itself, even after a
+                // refused growth (HG-2, HG-3, HG-5 of `host`).
+                Some(_) if crate::wasm_actor::names_a_limit(&trap) => Err(RunError::Trap(trap)),
                 Some(why) => Err(RunError::Trap(format!("out of memory: {why}: {trap}"))),
                 None => Err(RunError::Trap(trap)),
             },

@@ -17,9 +17,49 @@ pub struct ServeArgs {
     /// Where the server keeps its database, components and job logs.
     #[arg(long)]
     data: PathBuf,
-    /// A file holding the bearer token clients must present.
+    /// A file of bearer tokens clients may present, one a line; each is an
+    /// admin. For users, roles and quotas use --tokens-file.
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// A file naming the principals, one a line: `NAME ROLE TOKEN
+    /// [max_jobs=N] [max_procs=N] [max_memory_mib=N]`, ROLE `admin` (sees
+    /// and acts on everything) or `user` (on its own jobs, components,
+    /// sessions and meshes). `#` comments. A bad line stops the server
+    /// with FILE:LINE and why. See docs/serve.md.
+    #[arg(long, value_name = "FILE")]
+    tokens_file: Option<PathBuf>,
+    /// Speaks mutual TLS to the cluster's agents and procs (--cluster),
+    /// with the certificates in DIR (see `monarch-host certs new`).
+    #[arg(long, env = "MONARCH_TLS_DIR", value_name = "DIR")]
+    tls_dir: Option<PathBuf>,
+    /// The most unfinished (queued or running) jobs, console sessions
+    /// included, each principal may have. Default: no cap.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max_jobs_per_principal: Option<u64>,
+    /// The most procs each principal's unfinished jobs (each counts its
+    /// limits.procs on a fresh mesh) and persistent meshes may hold.
+    /// Default: no cap.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max_procs_per_principal: Option<u64>,
+    /// The most Wasm memory (limits.memory_mib, summed) each principal's
+    /// unfinished jobs may ask for, in MiB. Default: no cap.
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..))]
+    max_memory_per_principal_mib: Option<u64>,
+    /// Requests a second each principal may make, sustained; more are
+    /// answered 429 with Retry-After. 0: no limit.
+    #[arg(long, value_name = "N", default_value_t = 100.0)]
+    rate_limit: f64,
+    /// Requests each principal may make at once, above --rate-limit.
+    #[arg(long, value_name = "N", default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
+    rate_burst: u32,
+    /// How long a client may take to send a request's headers (and how
+    /// long an idle connection is kept): then its connection is closed.
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = monarch_host::console::parse_duration)]
+    header_timeout: Duration,
+    /// How long a client may take to send a request's body, an upload's
+    /// included: then it is answered 408.
+    #[arg(long, default_value = "60s", value_name = "DURATION", value_parser = monarch_host::console::parse_duration)]
+    body_timeout: Duration,
     /// A persistent mesh to start with, as NAME=PROCS (repeatable).
     #[arg(long = "mesh", value_parser = parse_mesh)]
     meshes: Vec<(String, u32)>,
@@ -190,6 +230,11 @@ fn failed(command: &str, error: String) -> ExitCode {
 
 /// Serves until SIGINT or SIGTERM.
 pub fn serve(args: ServeArgs) -> ExitCode {
+    if let Some(dir) = &args.tls_dir
+        && let Err(e) = crate::certs::install(dir)
+    {
+        return failed("serve", e);
+    }
     let token = match args
         .token_file
         .as_deref()
@@ -216,6 +261,27 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         }
     }
     config.token = token;
+    config.tokens_file = args.tokens_file;
+    config.quota = monarch_host::serve::principals::Quota {
+        max_jobs: args.max_jobs_per_principal,
+        max_procs: args.max_procs_per_principal,
+        max_memory_mib: args.max_memory_per_principal_mib,
+    };
+    if !(args.rate_limit.is_finite() && args.rate_limit >= 0.0) {
+        return failed(
+            "serve",
+            format!(
+                "--rate-limit {}: give requests a second, 0 or more",
+                args.rate_limit
+            ),
+        );
+    }
+    config.rate_limit = monarch_host::serve::quotas::RateLimit {
+        per_second: args.rate_limit,
+        burst: args.rate_burst,
+    };
+    config.header_timeout = args.header_timeout;
+    config.body_timeout = args.body_timeout;
     config.meshes = args.meshes;
     config.allowed_dirs = args.allow_dirs;
     config.session_idle_ttl = args.session_idle_ttl;

@@ -96,6 +96,30 @@ struct SpecArgs {
     /// Seconds to wait for the job to start and its agents to listen.
     #[arg(long, default_value_t = 600)]
     wait: u64,
+    /// The cluster's TLS directory (`monarch-host certs new`), on a
+    /// filesystem the nodes share: the agents (and `slurm run`'s
+    /// controller) use TLS with it instead of --insecure. It reaches them
+    /// as $MONARCH_TLS_DIR in the job's environment (sbatch exports it
+    /// unless told --export=NONE).
+    #[arg(long, env = "MONARCH_TLS_DIR", value_name = "DIR")]
+    tls_dir: Option<PathBuf>,
+}
+
+impl SpecArgs {
+    /// Checks --tls-dir and hands it to the job through the environment
+    /// that sbatch exports. Call it before any thread starts.
+    fn export_tls_dir(&self) -> Result<(), String> {
+        let Some(dir) = &self.tls_dir else {
+            return Ok(());
+        };
+        let dir =
+            std::fs::canonicalize(dir).map_err(|e| format!("--tls-dir {}: {e}", dir.display()))?;
+        hyperactor::channel::tls::TlsConfig::from_dir(&dir)
+            .map_err(|e| format!("--tls-dir: {e}"))?;
+        // SAFETY: `slurm` commands set it before any other thread starts.
+        unsafe { std::env::set_var("MONARCH_TLS_DIR", &dir) };
+        Ok(())
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -132,6 +156,15 @@ struct RunArgs {
 
 /// Runs `monarch-host slurm`.
 pub fn command(args: SlurmArgs) -> ExitCode {
+    let exported = match &args.command {
+        SlurmCommand::Up(up) => up.spec.export_tls_dir(),
+        SlurmCommand::Run(run) => run.spec.export_tls_dir(),
+        _ => Ok(()),
+    };
+    if let Err(e) = exported {
+        eprintln!("monarch-host slurm: error: {e}");
+        return ExitCode::FAILURE;
+    }
     let result = match args.command {
         SlurmCommand::Up(args) => up(args),
         SlurmCommand::Status(args) => status(&args.name),

@@ -290,6 +290,22 @@ impl Handler<MeshCall> for WasmActor {
         // A pause the handler opened ends with it.
         store.data_mut().debug.close();
         let endpoint = call.endpoint.as_str();
+        // A reply too large for a frame would be dropped on its way back:
+        // the caller gets why instead (HG-4 of `host`).
+        let ended = match ended {
+            Ended::Returned(Ok(reply)) if reply.len() > crate::host::MAX_MESSAGE => {
+                Ended::Returned(Err(crate::bindings::EndpointError {
+                    message: format!(
+                        "a reply of {} bytes exceeds the limit of {} bytes for one message; send large data in parts",
+                        reply.len(),
+                        crate::host::MAX_MESSAGE
+                    ),
+                    type_name: None,
+                    backtrace: None,
+                }))
+            }
+            other => other,
+        };
         match ended {
             Ended::Returned(Ok(reply)) => {
                 call.reply.send(cx, Ok(reply));
@@ -449,12 +465,71 @@ pub(crate) fn trap_reason(error: &wasmtime::Error) -> String {
     if let Some(exit) = error.downcast_ref::<wasmtime_wasi::I32Exit>() {
         return format!("the guest exited with status {}", exit.0);
     }
-    match error.downcast_ref::<wasmtime::Trap>() {
+    let reason = match error.downcast_ref::<wasmtime::Trap>() {
         Some(trap) => trap.to_string(),
         // Not a Trap (memory growth refused, a deadline): the innermost
         // cause says why; the outer layers are the backtrace.
         None => error.root_cause().to_string(),
+    };
+    match limit_hit(error) {
+        Some(limit) if !reason.contains(&limit) => format!("{limit} ({reason})"),
+        _ => reason,
     }
+}
+
+/// Which of the host's limits on a guest a trap ran into, in words, where
+/// wasmtime's own message does not name it (HG-2, HG-3, HG-5 of `host`): the
+/// Wasm stack, more data in one host call than the hostcall fuel, a list
+/// or string whose pointer and length lie outside the guest's memory, a
+/// full resource table (a WASI resource past the cap), too many requests.
+/// None for any other trap.
+pub(crate) fn limit_hit(error: &wasmtime::Error) -> Option<String> {
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if text.starts_with(crate::host::TOO_MANY_HANDLES) {
+            return Some(crate::host::too_many_handles());
+        }
+        if text.starts_with(crate::host::TOO_MANY_REQUESTS) {
+            return Some(crate::host::too_many_requests());
+        }
+        if let Some(wasmtime::Trap::StackOverflow) = cause.downcast_ref() {
+            return Some(format!(
+                "{STACK_OVERFLOW}the guest's calls nested deeper than its Wasm stack allows (unbounded recursion?)"
+            ));
+        }
+        if let Some(wasmtime::component::ResourceTableError::Full) = cause.downcast_ref() {
+            return Some(crate::host::too_many_handles());
+        }
+        if text.contains("fuel allocated for hostcalls has been exhausted") {
+            return Some(crate::host::payload_too_large());
+        }
+        if text.contains("pointer/length out of bounds of memory") {
+            return Some(format!(
+                "{BAD_ARGUMENT}the guest handed the host a list or string whose pointer and length lie outside its memory"
+            ));
+        }
+    }
+    None
+}
+
+/// How [`limit_hit`]'s stack overflow starts.
+const STACK_OVERFLOW: &str = "stack overflow: ";
+
+/// How [`limit_hit`]'s out-of-bounds argument starts.
+const BAD_ARGUMENT: &str = "bad argument: ";
+
+/// Whether a trap's text, as [`trap_text`] wrote it, starts with one of
+/// the host's limits ([`limit_hit`]).
+pub(crate) fn names_a_limit(text: &str) -> bool {
+    [
+        STACK_OVERFLOW,
+        BAD_ARGUMENT,
+        crate::host::TOO_MANY_HANDLES,
+        crate::host::TOO_MANY_REQUESTS,
+        crate::host::PAYLOAD_TOO_LARGE,
+    ]
+    .iter()
+    .any(|prefix| text.starts_with(prefix))
 }
 
 /// A trap as `{:?}` shows it (what wasmtime attached, outermost first,
@@ -471,6 +546,11 @@ pub(crate) fn trap_text(error: &wasmtime::Error) -> String {
         .map(|layer| layer.to_string())
         .filter(|layer| Some(layer) != dump.as_ref());
     let mut text = layers.next().unwrap_or_default();
+    if let Some(limit) = limit_hit(error)
+        && !text.contains(&limit)
+    {
+        text = format!("{limit}: {text}");
+    }
     let causes: Vec<String> = layers.collect();
     if !causes.is_empty() {
         text.push_str("\n\nCaused by:\n");
@@ -506,12 +586,14 @@ async fn post_mortem(
 /// backtrace (symbolized where the program has names). `out_of_memory`
 /// says why growing the guest's memory was refused during the call, if it
 /// was: the trap that follows (a Rust allocator's abort, an interpreter's
-/// unhandled `MemoryError`) is then of kind out-of-memory.
+/// unhandled `MemoryError`) is then of kind out-of-memory, unless the trap
+/// was another of the host's limits ([`limit_hit`]), which names itself.
 pub(crate) fn trap_fault(
     error: &wasmtime::Error,
     endpoint: &str,
     out_of_memory: Option<&str>,
 ) -> Fault {
+    let out_of_memory = out_of_memory.filter(|_| limit_hit(error).is_none());
     let (kind, reason) = match out_of_memory {
         Some(why) => (
             FaultKind::OutOfMemory,

@@ -24,6 +24,12 @@
 //!   at the same address, which never saw the frames it acknowledged)
 //!   dies at once: its unacknowledged frames went to a proc that is gone,
 //!   and the next message starts a new link, and a new session, with it.
+//! - LK-8: a link holds at most its window of unacknowledged bytes before
+//!   [`Link::ready`] makes a sender wait (async) for acknowledgements; a
+//!   sender that awaits it before each send never queues more than the
+//!   window plus one frame, however far it outruns its receiver.
+//!   Synchronous sends never wait (a handler must not block its worker),
+//!   so their bytes count toward the window without being held back.
 
 use std::collections::VecDeque;
 use std::io;
@@ -76,13 +82,28 @@ pub struct ChannelStats {
     pub duplicates_dropped: AtomicU64,
     /// Connections closed because of a bad frame.
     pub bad_frames: AtomicU64,
+    /// The most unacknowledged bytes any one link has held (LK-8).
+    pub peak_unacked_bytes: AtomicU64,
+    /// Times a sender waited for a link's window (LK-8).
+    pub window_waits: AtomicU64,
+    /// Times a receiver stopped reading for an actor past its window (PR-9).
+    pub paused_reads: AtomicU64,
+    /// Links at or past their window now (LK-8): while none is, waiting
+    /// for every link's room costs one load.
+    pub links_over_window: AtomicU64,
 }
 
 /// Settings a link needs.
 #[derive(Debug, Clone)]
 pub(crate) struct LinkConfig {
     pub(crate) delivery_timeout: Duration,
+    /// Unacknowledged bytes past which [`Link::ready`] waits (LK-8).
+    pub(crate) window_bytes: usize,
 }
+
+/// What a queued frame costs the sender beyond its bytes: the `Pending`
+/// record, the `Arc` and the allocation's header.
+const FRAME_OVERHEAD: usize = 96;
 
 /// The most frames one `sendmsg` takes.
 const MAX_SLICES: usize = 64;
@@ -111,12 +132,20 @@ struct Pending<T> {
     /// copied into a write buffer (a 1 MiB frame would be copied whole).
     frame: Arc<AlignedVec>,
     sent: Instant,
+    /// What this frame counts toward the window (LK-8).
+    cost: usize,
     ret: T,
 }
 
 struct LinkState<T> {
     next_seq: u64,
     unacked: VecDeque<Pending<T>>,
+    /// The bytes `unacked` holds, by `Pending::cost` (LK-8).
+    unacked_bytes: usize,
+    /// A sender waits in [`Link::ready`] for the window to open.
+    window_waiting: bool,
+    /// Counted in `ChannelStats::links_over_window`.
+    over_window: bool,
     conn: Option<Arc<WriteHalf>>,
     generation: u64,
     /// Frames for the current connection that nobody is writing yet; the
@@ -141,6 +170,8 @@ pub(crate) struct Link<T> {
     config: LinkConfig,
     state: Mutex<LinkState<T>>,
     wake: Notify,
+    /// Wakes senders waiting for the window (LK-8).
+    room: Notify,
     on_dead: OnDead<T>,
     stats: Arc<ChannelStats>,
 }
@@ -163,6 +194,9 @@ impl<T: Send + 'static> Link<T> {
             state: Mutex::new(LinkState {
                 next_seq: 1,
                 unacked: VecDeque::new(),
+                unacked_bytes: 0,
+                window_waiting: false,
+                over_window: false,
                 conn: None,
                 generation: 0,
                 out: VecDeque::new(),
@@ -176,6 +210,7 @@ impl<T: Send + 'static> Link<T> {
                 last_ack: Instant::now(),
             }),
             wake: Notify::new(),
+            room: Notify::new(),
             on_dead,
             stats,
         })
@@ -196,6 +231,7 @@ impl<T: Send + 'static> Link<T> {
         let seq = st.next_seq;
         st.next_seq += 1;
         set_seq(frame.as_mut_slice(), seq);
+        let cost = frame.capacity() + FRAME_OVERHEAD;
         let frame = Arc::new(frame);
         if st.conn.is_some() {
             st.out.push_back(frame.clone());
@@ -204,8 +240,17 @@ impl<T: Send + 'static> Link<T> {
             seq,
             frame,
             sent: Instant::now(),
+            cost,
             ret,
         });
+        st.unacked_bytes += cost;
+        if !st.over_window && st.unacked_bytes >= self.config.window_bytes {
+            st.over_window = true;
+            self.stats.links_over_window.fetch_add(1, Ordering::Relaxed);
+        }
+        self.stats
+            .peak_unacked_bytes
+            .fetch_max(st.unacked_bytes as u64, Ordering::Relaxed);
         if st.flushing || st.waiting_writable || st.flush_scheduled {
             // Whoever is writing, or about to, takes this frame too.
             return Ok(());
@@ -220,6 +265,42 @@ impl<T: Send + 'static> Link<T> {
         }
         self.flush(st);
         Ok(())
+    }
+
+    /// Waits until the link holds less than its window of unacknowledged
+    /// bytes, or is dead (its sends then fail at once) (LK-8).
+    pub(crate) async fn ready(&self) {
+        loop {
+            let room = self.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            {
+                let mut st = self.state.lock();
+                if st.dead || st.unacked_bytes < self.config.window_bytes {
+                    return;
+                }
+                st.window_waiting = true;
+            }
+            self.stats.window_waits.fetch_add(1, Ordering::Relaxed);
+            room.await;
+        }
+    }
+
+    /// The window is open again: wakes the senders waiting for it.
+    fn opened(&self, st: &mut LinkState<T>) {
+        if st.over_window {
+            st.over_window = false;
+            self.stats.links_over_window.fetch_sub(1, Ordering::Relaxed);
+        }
+        if st.window_waiting {
+            st.window_waiting = false;
+            self.room.notify_waiters();
+        }
+    }
+
+    /// The unacknowledged bytes this link holds now (LK-8).
+    pub(crate) fn unacked_bytes(&self) -> usize {
+        self.state.lock().unacked_bytes
     }
 
     /// Drops the current connection; the link reconnects and retransmits.
@@ -423,9 +504,14 @@ impl<T: Send + 'static> Link<T> {
                     Ok(Some((header, _))) if header.kind == FrameKind::Ack => {
                         let mut st = self.state.lock();
                         while st.unacked.front().is_some_and(|p| p.seq <= header.seq) {
-                            st.unacked.pop_front();
+                            if let Some(acked) = st.unacked.pop_front() {
+                                st.unacked_bytes -= acked.cost;
+                            }
                         }
                         st.last_ack = Instant::now();
+                        if st.unacked_bytes < self.config.window_bytes {
+                            self.opened(&mut st);
+                        }
                     }
                     Ok(Some((header, _))) if header.kind == FrameKind::Restarted => {
                         return Served::Dead(format!(
@@ -525,6 +611,8 @@ impl<T: Send + 'static> Link<T> {
         st.dead = true;
         st.conn = None;
         st.out = VecDeque::new();
+        st.unacked_bytes = 0;
+        self.opened(&mut st);
         Some(st.unacked.drain(..).map(|p| p.ret).collect())
     }
 }
@@ -598,6 +686,7 @@ mod tests {
             "tester",
             LinkConfig {
                 delivery_timeout: Duration::from_secs(10),
+                window_bytes: 1 << 20,
             },
             Arc::default(),
             Box::new(move |_: &ChannelAddr, undelivered: Vec<u8>, _| {
@@ -656,6 +745,7 @@ mod tests {
             "tester",
             LinkConfig {
                 delivery_timeout: Duration::from_millis(200),
+                window_bytes: 1 << 20,
             },
             Arc::default(),
             Box::new(move |_: &ChannelAddr, undelivered: Vec<u8>, reason| {

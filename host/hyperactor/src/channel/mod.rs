@@ -8,10 +8,14 @@
 //! acknowledges in batches. Together they keep messages from one proc to
 //! another in order and exactly once while the peer is reachable, and report
 //! every unacknowledged message when it is not.
+//!
+//! TCP connections are mutual TLS 1.3 once a process installs its cluster's
+//! certificates ([`tls::install`]); see [`tls`].
 
 mod addr;
 pub(crate) mod frame;
 pub(crate) mod link;
+pub mod tls;
 pub(crate) mod transport;
 
 pub use addr::{AddrParseError, ChannelAddr};

@@ -8,6 +8,12 @@
 //!   only; room to write is waited for through a duplicate registered just
 //!   for that wait. A process is woken by what it reads, not by its peer
 //!   reading what it wrote.
+//!
+//! With TLS installed (`tls::install`), a TCP connection is a `Conn::Tls`
+//! after its handshake: the client's runs in [`connect`], the server's in
+//! [`Conn::accept_tls`], which the connection's own task calls (TL-3). Its
+//! halves share one rustls session (`tls::Session`); plain connections do
+//! not pay for it.
 
 use std::collections::HashMap;
 use std::io;
@@ -23,6 +29,7 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::mpsc;
 
 use super::ChannelAddr;
+use super::tls::{self, TlsConfig};
 
 type LocalRegistry = Mutex<HashMap<String, mpsc::UnboundedSender<UnixStream>>>;
 
@@ -115,13 +122,25 @@ async fn remove_stale_socket(path: &str) -> io::Result<()> {
     }
 }
 
-/// Opens a connection to `addr`.
+/// Opens a connection to `addr`; over TCP, a TLS one (handshake done)
+/// when TLS is installed.
 pub(crate) async fn connect(addr: &ChannelAddr) -> io::Result<Conn> {
+    connect_with(addr, tls::installed()).await
+}
+
+/// Opens a connection to `addr`, over TCP with `tls` when given.
+pub(crate) async fn connect_with(addr: &ChannelAddr, tls: Option<&TlsConfig>) -> io::Result<Conn> {
     match addr {
         ChannelAddr::Tcp(sock) => {
             let stream = TcpStream::connect(sock).await?;
             stream.set_nodelay(true)?;
-            Ok(Conn::Tcp(stream))
+            match tls {
+                None => Ok(Conn::Tcp(stream)),
+                Some(config) => match tls::connect(&stream, config).await {
+                    Ok(session) => Ok(Conn::Tls(stream, Box::new(session))),
+                    Err(e) => Err(io::Error::new(e.kind(), format!("{addr}: {e}"))),
+                },
+            }
         }
         ChannelAddr::Unix(path) => Ok(Conn::Unix(UnixStream::connect(path).await?)),
         ChannelAddr::Local(name) => {
@@ -144,9 +163,30 @@ pub(crate) async fn connect(addr: &ChannelAddr) -> io::Result<Conn> {
 pub(crate) enum Conn {
     Tcp(TcpStream),
     Unix(UnixStream),
+    /// TCP after a TLS handshake.
+    Tls(TcpStream, Box<rustls::Connection>),
 }
 
 impl Conn {
+    /// An accepted TCP connection after the server side of its TLS
+    /// handshake when TLS is installed; any other connection as it is.
+    /// Call it in the connection's own task, not the accept loop (TL-3):
+    /// it waits for the peer, up to `tls::HANDSHAKE_TIMEOUT`.
+    pub(crate) async fn accept_tls(self) -> io::Result<Conn> {
+        self.accept_tls_with(tls::installed()).await
+    }
+
+    /// Like [`Conn::accept_tls`], with `tls` (none: as it is).
+    pub(crate) async fn accept_tls_with(self, tls: Option<&TlsConfig>) -> io::Result<Conn> {
+        match (self, tls) {
+            (Conn::Tcp(stream), Some(config)) => {
+                let session = tls::accept(&stream, config).await?;
+                Ok(Conn::Tls(stream, Box::new(session)))
+            }
+            (conn, _) => Ok(conn),
+        }
+    }
+
     /// Splits the connection into its halves. Both share the socket; it
     /// closes when both are gone, and the write half shuts the socket down
     /// for writing when it is dropped.
@@ -156,17 +196,28 @@ impl Conn {
     /// peer reads and frees room, which on a mesh is once per reply per
     /// proc. The write half registers a duplicate of the socket only while
     /// a write waits for room.
+    ///
+    /// A TLS connection's halves share its session, which also starts a
+    /// task that writes ciphertext a write left behind (TL-4).
     pub(crate) fn into_split(self) -> io::Result<(ReadHalf, WriteHalf)> {
-        let fd: OwnedFd = match self {
-            Conn::Tcp(s) => s.into_std()?.into(),
-            Conn::Unix(s) => s.into_std()?.into(),
+        let (fd, tls): (OwnedFd, _) = match self {
+            Conn::Tcp(s) => (s.into_std()?.into(), None),
+            Conn::Unix(s) => (s.into_std()?.into(), None),
+            Conn::Tls(s, session) => (s.into_std()?.into(), Some(session)),
         };
         let fd = Arc::new(fd);
         // SAFETY: `SharedFd` keeps the socket open (it holds an `Arc` of
         // it) and always answers the same descriptor.
         let read =
             unsafe { AsyncFd::register_with_interest(SharedFd(fd.clone()), Interest::READABLE)? };
-        Ok((ReadHalf { fd: read }, WriteHalf { fd }))
+        let tls = tls.map(|session| tls::Session::start(fd.clone(), *session));
+        Ok((
+            ReadHalf {
+                fd: read,
+                tls: tls.clone(),
+            },
+            WriteHalf { fd, tls },
+        ))
     }
 }
 
@@ -180,7 +231,7 @@ impl AsRawFd for SharedFd {
 }
 
 /// One non-blocking `recv`.
-fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+pub(super) fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     // SAFETY: `buf` is valid for writes of `buf.len()` bytes, and the caller
     // keeps `fd` open for the call.
     let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
@@ -194,6 +245,7 @@ fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
 /// The reading half of a connection.
 pub(crate) struct ReadHalf {
     fd: AsyncFd<SharedFd>,
+    tls: Option<Arc<tls::Session>>,
 }
 
 impl ReadHalf {
@@ -202,8 +254,46 @@ impl ReadHalf {
     /// bytes when it next polls); `WouldBlock` when nothing is there. For
     /// busy polling. Bytes read here are simply not there for the next
     /// ordinary read, which the reactor handles like any spurious wakeup.
+    /// Over TLS, the plaintext that one `recv` of ciphertext yields.
     pub(crate) fn recv_now(&self, buf: &mut [u8]) -> io::Result<usize> {
-        recv(self.fd.as_raw_fd(), buf)
+        match &self.tls {
+            None => recv(self.fd.as_raw_fd(), buf),
+            Some(session) => session.read(buf),
+        }
+    }
+
+    /// `poll_read` of a TLS connection: plaintext the session holds
+    /// first, then the socket when it is readable.
+    fn poll_read_tls(
+        &self,
+        session: &tls::Session,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            let guard = if session.buffered() {
+                None
+            } else {
+                match self.fd.poll_read_ready(cx) {
+                    Poll::Ready(Ok(guard)) => Some(guard),
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
+                }
+            };
+            match session.read(buf.initialize_unfilled()) {
+                Ok(n) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if let Some(mut guard) = guard {
+                        guard.clear_ready();
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
     }
 }
 
@@ -214,6 +304,9 @@ impl AsyncRead for ReadHalf {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if let Some(session) = &this.tls {
+            return this.poll_read_tls(session, cx, buf);
+        }
         loop {
             let mut guard = match this.fd.poll_read_ready(cx) {
                 Poll::Ready(Ok(guard)) => guard,
@@ -238,6 +331,25 @@ impl AsyncRead for ReadHalf {
 /// `WouldBlock` and `writable` waits for room.
 pub(crate) struct WriteHalf {
     fd: Arc<OwnedFd>,
+    tls: Option<Arc<tls::Session>>,
+}
+
+/// One non-blocking `sendmsg` of `bufs` (at most IOV_MAX of them).
+pub(super) fn sendmsg(fd: RawFd, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+    // The kernel takes at most IOV_MAX (1024 on Linux) slices a call.
+    let bufs = &bufs[..bufs.len().min(1024)];
+    retry_interrupted(|| {
+        // SAFETY: an all-zero msghdr is a valid empty message; the iovec
+        // pointer and count name `bufs`, whose `IoSlice`s have the layout
+        // of `iovec` (std guarantees it on Unix) and are valid for reads
+        // while this call runs; the caller keeps `fd` open for the call.
+        unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+            msg.msg_iovlen = bufs.len() as _;
+            libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+        }
+    })
 }
 
 /// Runs a send system call until a signal does not interrupt it: the
@@ -256,7 +368,13 @@ fn retry_interrupted(mut call: impl FnMut() -> isize) -> io::Result<usize> {
 }
 
 impl WriteHalf {
+    /// Writes as much of `buf` as the socket takes now. Over TLS, the
+    /// plaintext bytes taken: their ciphertext leaves now or, when the
+    /// socket is full, as soon as it has room (TL-4).
     pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        if let Some(session) = &self.tls {
+            return session.write(&[io::IoSlice::new(buf)]);
+        }
         retry_interrupted(|| {
             // SAFETY: `buf` is valid for reads of `buf.len()` bytes, and
             // `self.fd` is open while `self` lives.
@@ -274,24 +392,10 @@ impl WriteHalf {
     /// Writes as much of `bufs`, in order, as the socket takes now (one
     /// `sendmsg`, like `writev`), without copying them together first.
     pub(crate) fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        // The kernel takes at most IOV_MAX (1024 on Linux) slices a call.
-        let bufs = &bufs[..bufs.len().min(1024)];
-        retry_interrupted(|| {
-            // SAFETY: an all-zero msghdr is a valid empty message; the iovec
-            // pointer and count name `bufs`, whose `IoSlice`s have the layout
-            // of `iovec` (std guarantees it on Unix) and are valid for reads
-            // while this call runs; `self.fd` is open while `self` lives.
-            unsafe {
-                let mut msg: libc::msghdr = std::mem::zeroed();
-                msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
-                msg.msg_iovlen = bufs.len() as _;
-                libc::sendmsg(
-                    self.fd.as_raw_fd(),
-                    &msg,
-                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                )
-            }
-        })
+        match &self.tls {
+            None => sendmsg(self.fd.as_raw_fd(), bufs),
+            Some(session) => session.write(bufs),
+        }
     }
 
     /// Waits until the socket has room, through a duplicate of it that is
@@ -315,12 +419,24 @@ impl WriteHalf {
                 Err(e) => return Err(e),
             }
         }
+        if let Some(session) = &self.tls {
+            // All of it on the wire, as a plain write_all leaves it.
+            while !session.flushed()? {
+                self.writable().await?;
+            }
+        }
         Ok(())
     }
 }
 
 impl Drop for WriteHalf {
     fn drop(&mut self) {
+        if let Some(session) = &self.tls {
+            // The session says close_notify and shuts the socket down once
+            // what it holds is out (TL-4).
+            session.close();
+            return;
+        }
         // As a stream's write half does: the peer reads the end of the
         // stream even while this side's read half lives on.
         // SAFETY: shutdown on a socket this half shares; errors are moot.

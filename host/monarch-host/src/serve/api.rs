@@ -240,6 +240,10 @@ pub struct JobInfo {
     pub started_at_ms: Option<i64>,
     /// When it ended.
     pub finished_at_ms: Option<i64>,
+    /// The principal that submitted it (`-` on a server without tokens);
+    /// null for a job of a server older than principals.
+    #[serde(default)]
+    pub owner: Option<String>,
 }
 
 /// Jobs.
@@ -290,6 +294,28 @@ pub struct ProcInfo {
     pub state: String,
     /// Why it stopped.
     pub reason: Option<String>,
+    /// Its OS process, where the server knows it (a persistent mesh's
+    /// procs on this machine).
+    #[serde(default)]
+    pub pid: Option<u32>,
+    /// How many times a dead proc at this rank of a persistent mesh was
+    /// replaced by a new one.
+    #[serde(default)]
+    pub replaced: u32,
+    /// The latest such replacement.
+    #[serde(default)]
+    pub last_replacement: Option<Replacement>,
+}
+
+/// A dead proc of a persistent mesh replaced by a new one at its rank.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Replacement {
+    /// The rank.
+    pub rank: u32,
+    /// Why the old proc ended.
+    pub reason: String,
+    /// When it was replaced, in milliseconds since the Unix epoch.
+    pub at_ms: i64,
 }
 
 /// One rank of an actor mesh.
@@ -318,6 +344,27 @@ pub struct ActorsInfo {
     pub ranks: Vec<RankInfo>,
 }
 
+/// The principal a request is made as (`GET /v1/principal`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PrincipalInfo {
+    /// Its name (`-` on a server without tokens).
+    pub name: String,
+    /// `admin` (sees and acts on everything) or `user` (on its own).
+    pub role: String,
+    /// Its quotas; null: no cap.
+    pub max_jobs: Option<u64>,
+    /// The most procs its unfinished jobs and persistent meshes may hold.
+    pub max_procs: Option<u64>,
+    /// The most Wasm memory its unfinished jobs may ask for, in MiB.
+    pub max_memory_mib: Option<u64>,
+    /// What it holds now: unfinished jobs (sessions included).
+    pub jobs: u64,
+    /// Procs held now.
+    pub procs: u64,
+    /// MiB of Wasm memory asked for now.
+    pub memory_mib: u64,
+}
+
 /// A mesh: persistent, or a running job's fresh one.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct MeshInfo {
@@ -327,6 +374,12 @@ pub struct MeshInfo {
     pub persistent: bool,
     /// The job that owns a fresh mesh.
     pub job: Option<u64>,
+    /// How many dead procs of a persistent mesh were replaced, in all.
+    #[serde(default)]
+    pub replaced: u64,
+    /// The latest replacement.
+    #[serde(default)]
+    pub last_replacement: Option<Replacement>,
     /// Its procs.
     pub procs: Vec<ProcInfo>,
     /// The actor meshes on it.
@@ -349,7 +402,8 @@ pub struct ActorMeshInfo {
     /// Its shape, as `[name, size]` pairs.
     pub extent: Vec<(String, u32)>,
     /// `running`, `failed` (a rank failed; the mesh runs on, and no job
-    /// fails for it) or `stopped`.
+    /// fails for it), `stopped`, or `lost` (it lived before the server's
+    /// last restart, which does not restore it; no ranks).
     pub state: String,
     /// Why it failed (its first failed rank) or stopped.
     pub reason: Option<String>,
@@ -409,8 +463,9 @@ pub struct SessionInfo {
     pub name: String,
     /// The job it runs as (its log, stacks and dumps are the job's).
     pub job: u64,
-    /// Who owns it: a fingerprint of the token that opened it (the first
-    /// 12 hex digits of its sha256), or `-` on a server without tokens.
+    /// The principal that owns it: its name in the tokens file, the
+    /// fingerprint of a `--token-file` token (the first 12 hex digits of
+    /// its sha256), or `-` on a server without tokens.
     pub owner: String,
     /// `starting`, `active`, `closed`, `expired`, `failed` or `lost`.
     pub state: String,

@@ -59,12 +59,21 @@ impl ApiClient {
     ) -> Result<T, String> {
         let response = request.send().await.map_err(|e| self.unreachable(e))?;
         let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         let body = response
             .bytes()
             .await
             .map_err(|e| format!("the server's answer was cut off: {e}"))?;
         if !status.is_success() {
-            return Err(error_text(status, &body));
+            let mut text = error_text(status, &body);
+            if let Some(seconds) = retry_after {
+                text.push_str(&format!("; the server asks to retry after {seconds} s"));
+            }
+            return Err(text);
         }
         serde_json::from_slice(&body)
             .map_err(|e| format!("the server's answer is not what this client expects: {e}"))
@@ -76,6 +85,12 @@ impl ApiClient {
         } else {
             format!("cannot reach the server at {}: {e}", self.base)
         }
+    }
+
+    /// The principal this client's token is (`GET /v1/principal`): its
+    /// name, role, quotas and use.
+    pub async fn principal(&self) -> Result<PrincipalInfo, String> {
+        self.send(self.request(Method::GET, "/v1/principal")).await
     }
 
     /// Uploads a component.

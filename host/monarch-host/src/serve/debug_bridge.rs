@@ -26,7 +26,6 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use axum::Extension;
-use axum::body::Bytes;
 use axum::extract::{Path, State as With};
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -236,7 +235,7 @@ fn owned(state: &State, caller: &Caller, id: &str, bridge: &str) -> Result<Arc<B
             && open.scope == *scope
             && open.job == job
         {
-            return match open.owner == caller.0 {
+            return match open.owner == caller.name() {
                 true => Ok(open.clone()),
                 false => Err(forbidden()),
             };
@@ -246,7 +245,7 @@ fn owned(state: &State, caller: &Caller, id: &str, bridge: &str) -> Result<Arc<B
             .iter()
             .find(|e| e.id == bridge && e.scope == *scope && e.job == job)
         {
-            return match ended.owner == caller.0 {
+            return match ended.owner == caller.name() {
                 true => Err(fail(
                     StatusCode::GONE,
                     format!("the debug bridge {bridge} has ended: {}", ended.reason),
@@ -286,7 +285,7 @@ pub(super) async fn open(
     Path(id): Path<String>,
 ) -> Answer<DebugBridge> {
     let job = job_id(&id)?;
-    let status = job_status(&state, job)?;
+    let status = super::handlers::find_job(&state, &caller, job)?.status;
     let live = state.live().get(&job).cloned();
     let endpoint =
         live.and_then(|live| live.debug.lock().unwrap_or_else(|p| p.into_inner()).clone());
@@ -373,7 +372,7 @@ pub(super) async fn open(
         id: id.clone(),
         scope,
         job,
-        owner: caller.0.clone(),
+        owner: caller.name().to_string(),
         to_hub,
         from_hub: Mutex::new(Some(from_hub)),
         ended: Mutex::new(None),
@@ -577,7 +576,7 @@ pub(super) async fn input(
     With(state): With<Arc<State>>,
     Extension(caller): Extension<Caller>,
     Path((id, bridge)): Path<(String, String)>,
-    body: Bytes,
+    super::handlers::JsonBody(body): super::handlers::JsonBody,
 ) -> Answer<DebugLineQueued> {
     let request: DebugLine = parse_json(&body, "input")?;
     let bridge = owned(&state, &caller, &id, &bridge)?;

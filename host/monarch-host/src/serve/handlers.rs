@@ -1,19 +1,29 @@
 //! The routes: authentication, uploads, jobs, log streams, meshes,
 //! metrics, the OpenAPI document and the dashboard.
+//!
+//! - HA-1: every request but `/healthz` is made as a principal
+//!   ([`Caller`]); a `user` gets 403 with a reason from every route of a
+//!   job, component or mesh it does not own, and lists only its own
+//!   (PR-3). `/metrics` is an admin's.
+//! - HA-2: a JSON body over [`JSON_LIMIT`] is 413, one that has not
+//!   arrived within `--body-timeout` is 408 (an upload's likewise); each
+//!   before anything is stored.
+//! - HA-3: a principal may run a component by id only if it uploaded
+//!   those bytes itself (or is an admin): ids are never a capability.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, Path, Query, RawQuery, Request, State as With};
+use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, RawQuery, Request, State as With};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{delete, get, post};
+use axum::{Extension, Router};
 use futures::StreamExt;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -24,12 +34,14 @@ use utoipa::OpenApi;
 use super::api::*;
 use super::jobs::{self, Target};
 use super::meshes::validate_mesh_name;
+use super::principals::Principal;
+use super::quotas::{self, Usage};
 use super::{State, db, sessions};
 use crate::engine::{DirGrant, Grants, LoadError, parse_env};
 use crate::run::{Prepared, RunError};
 
-/// The largest JSON body a route takes.
-const JSON_LIMIT: usize = 64 << 10;
+/// The largest JSON body a route takes (HA-2).
+pub(crate) const JSON_LIMIT: usize = 64 << 10;
 
 /// The most arguments a job may have.
 const MAX_ARGS: usize = 1024;
@@ -71,6 +83,7 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/", get(dashboard))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
+        .route("/v1/principal", get(principal))
         .route("/v1/openapi.json", get(openapi))
         .route("/v1/components", post(upload).get(list_components))
         .route("/v1/jobs", post(submit).get(list_jobs))
@@ -131,6 +144,7 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         job_dump_file,
         job_stacks,
         job_debug,
+        principal,
         super::debug_bridge::open,
         super::debug_bridge::stream,
         super::debug_bridge::input,
@@ -171,64 +185,186 @@ struct TokenQuery {
     token: Option<String>,
 }
 
-/// Every route but `/healthz` needs the token: in the Authorization
-/// header, or (for the dashboard page only) as `?token=`.
+/// Every route but `/healthz` needs a principal's token: in the
+/// Authorization header, or (for the dashboard page only) as `?token=`.
+/// Then its principal's rate (QU-1).
 async fn authenticate(With(state): With<Arc<State>>, mut request: Request, next: Next) -> Response {
-    if state.tokens.is_empty() {
-        request.extensions_mut().insert(Caller("-".into()));
-        return next.run(request).await;
-    }
     let path = request.uri().path();
     if path == "/healthz" {
         return next.run(request).await;
     }
-    let from_header = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|v| v.trim().to_string());
-    let from_query = (path == "/")
-        .then(|| {
-            Query::<TokenQuery>::try_from_uri(request.uri())
-                .ok()
-                .and_then(|q| q.0.token)
-        })
-        .flatten();
-    let matched = from_header
-        .clone()
-        .or(from_query.clone())
-        .filter(|presented| state.tokens.iter().any(|t| t.matches(presented.as_bytes())));
-    match from_header.or(from_query) {
-        Some(presented) if matched.is_some() => {
-            request
-                .extensions_mut()
-                .insert(Caller(fingerprint(&presented)));
-            next.run(request).await
+    let principal = if state.principals.is_empty() {
+        state.anonymous.clone()
+    } else {
+        let from_header = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(|v| v.trim().to_string());
+        let from_query = (path == "/")
+            .then(|| {
+                Query::<TokenQuery>::try_from_uri(request.uri())
+                    .ok()
+                    .and_then(|q| q.0.token)
+            })
+            .flatten();
+        let presented = from_header.or(from_query);
+        match presented.as_deref().and_then(|t| state.principals.find(t)) {
+            Some(principal) => principal,
+            // The dashboard page holds no data: without the token it is
+            // answered 401 with the page, which asks for the token.
+            None if path == "/" => {
+                state.unauthorized.fetch_add(1, Ordering::Relaxed);
+                return (StatusCode::UNAUTHORIZED, dashboard().await).into_response();
+            }
+            None => {
+                state.unauthorized.fetch_add(1, Ordering::Relaxed);
+                let why = if presented.is_some() {
+                    "wrong token"
+                } else {
+                    "this server needs a token: send `Authorization: Bearer TOKEN`"
+                };
+                return fail(StatusCode::UNAUTHORIZED, why).into_response();
+            }
         }
-        // The dashboard page holds no data: without the token it is
-        // answered 401 with the page, which asks for the token.
-        _ if path == "/" => {
-            state.unauthorized.fetch_add(1, Ordering::Relaxed);
-            (StatusCode::UNAUTHORIZED, dashboard().await).into_response()
+    };
+    if let Err(wait) = state.rate.take(&principal.name, Instant::now()) {
+        state.rate_limited.fetch_add(1, Ordering::Relaxed);
+        let seconds = wait.as_secs_f64().ceil().max(1.0) as u64;
+        let limit = state.config.rate_limit;
+        let mut response = fail(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "principal `{}` sent more than {} requests a second (burst {}, --rate-limit); retry after {seconds} s",
+                principal.name, limit.per_second, limit.burst
+            ),
+        )
+        .into_response();
+        if let Ok(value) = seconds.to_string().parse() {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
         }
-        presented => {
-            state.unauthorized.fetch_add(1, Ordering::Relaxed);
-            let why = if presented.is_some() {
-                "wrong token"
-            } else {
-                "this server needs a token: send `Authorization: Bearer TOKEN`"
-            };
-            fail(StatusCode::UNAUTHORIZED, why).into_response()
+        return response;
+    }
+    request.extensions_mut().insert(Caller(principal));
+    next.run(request).await
+}
+
+/// Who made a request: the principal whose token it presented, or the
+/// anonymous admin (`-`) of a server without tokens. What it makes
+/// belongs to it (HA-1).
+#[derive(Clone, Debug)]
+pub(crate) struct Caller(pub(crate) Arc<Principal>);
+
+impl Caller {
+    /// The principal's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    /// Whether it may see and act on what `owner` owns.
+    pub(crate) fn may_see(&self, owner: Option<&str>) -> bool {
+        self.0.is_admin() || owner == Some(self.name())
+    }
+
+    /// The owner to filter listings by: None (all) for an admin.
+    pub(crate) fn filter(&self) -> Option<&str> {
+        match self.0.is_admin() {
+            true => None,
+            false => Some(self.name()),
         }
     }
 }
 
-/// Who made a request: the fingerprint of the token it presented, or
-/// `-` on a server without tokens. What it opens (a console session)
-/// belongs to it.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Caller(pub(crate) String);
+/// A JSON request's body: at most [`JSON_LIMIT`] bytes (else 413), all of
+/// it within `--body-timeout` (else 408) (HA-2).
+pub(crate) struct JsonBody(pub(crate) Bytes);
+
+impl FromRequest<Arc<State>> for JsonBody {
+    type Rejection = Fail;
+
+    async fn from_request(request: Request, state: &Arc<State>) -> Result<Self, Fail> {
+        let too_big = || {
+            fail(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the request body is larger than this server's limit of {JSON_LIMIT} bytes for JSON"
+                ),
+            )
+        };
+        let declared = request
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let timeout = state.config.body_timeout;
+        let mut stream = request.into_body().into_data_stream();
+        if declared.is_some_and(|n| n > JSON_LIMIT as u64) {
+            // Read (a little of) what is still coming, so that the client
+            // gets the answer rather than a reset connection.
+            let _ = tokio::time::timeout(timeout, async {
+                let mut drained = 0;
+                while let Some(Ok(chunk)) = stream.next().await {
+                    drained += chunk.len();
+                    if drained > JSON_DRAIN_LIMIT {
+                        break;
+                    }
+                }
+            })
+            .await;
+            return Err(too_big());
+        }
+        let read = async {
+            let mut body = Vec::new();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| {
+                    fail(
+                        StatusCode::BAD_REQUEST,
+                        format!("the request body was cut off: {e}"),
+                    )
+                })?;
+                if body.len() + chunk.len() > JSON_LIMIT {
+                    let mut drained = body.len() + chunk.len();
+                    while let Some(Ok(chunk)) = stream.next().await {
+                        drained += chunk.len();
+                        if drained > JSON_DRAIN_LIMIT {
+                            break;
+                        }
+                    }
+                    return Err(too_big());
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(Bytes::from(body))
+        };
+        match tokio::time::timeout(timeout, read).await {
+            Ok(body) => body.map(JsonBody),
+            Err(_) => Err(slow_body(timeout)),
+        }
+    }
+}
+
+/// The most of an oversized JSON body read only to answer it.
+const JSON_DRAIN_LIMIT: usize = 4 << 20;
+
+/// The answer to a body that did not arrive in time.
+fn slow_body(timeout: std::time::Duration) -> Fail {
+    fail(
+        StatusCode::REQUEST_TIMEOUT,
+        format!(
+            "the request body did not arrive within {} s (--body-timeout)",
+            timeout.as_secs_f64()
+        ),
+    )
+}
+
+/// 403 for a thing of another principal's.
+pub(crate) fn not_yours(what: impl std::fmt::Display) -> Fail {
+    fail(
+        StatusCode::FORBIDDEN,
+        format!("{what} belongs to another principal"),
+    )
+}
 
 /// The first 12 hex digits of the sha256 of `token`: names its owner in
 /// listings without showing the token.
@@ -280,16 +416,18 @@ pub(super) fn is_component_id(id: &str) -> bool {
         (status = 201, description = "Stored and compiled", body = UploadReply),
         (status = 200, description = "The same bytes were uploaded before", body = UploadReply),
         (status = 400, description = "Empty, not WebAssembly, a core module, a precompiled artifact, or does not compile", body = ApiError),
+        (status = 408, description = "The bytes did not arrive within --body-timeout", body = ApiError),
         (status = 413, description = "Over the size limit", body = ApiError),
         (status = 422, description = "Not of the `program` world", body = ApiError)
     )
 )]
 async fn upload(
     With(state): With<Arc<State>>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     body: Body,
 ) -> Answer<UploadReply> {
-    let answer = receive(&state, &headers, body).await;
+    let answer = receive(&state, &caller, &headers, body).await;
     let counter = match &answer {
         Ok((StatusCode::CREATED, _)) => &state.uploads.new,
         Ok(_) => &state.uploads.existing,
@@ -299,8 +437,17 @@ async fn upload(
     answer
 }
 
-async fn receive(state: &Arc<State>, headers: &HeaderMap, body: Body) -> Answer<UploadReply> {
+/// Streams an upload to disk, hashing it, within `--max-upload-mib` and
+/// `--body-timeout` (HA-2); compiles it unless it is known. Its owner is
+/// `caller`, beside any other principal that uploaded the same bytes.
+async fn receive(
+    state: &Arc<State>,
+    caller: &Caller,
+    headers: &HeaderMap,
+    body: Body,
+) -> Answer<UploadReply> {
     let limit = state.config.max_upload_bytes;
+    let deadline = tokio::time::Instant::now() + state.config.body_timeout;
     let too_big = || {
         fail(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -315,7 +462,7 @@ async fn receive(state: &Arc<State>, headers: &HeaderMap, body: Body) -> Answer<
         .and_then(|v| v.parse::<u64>().ok());
     let mut stream = body.into_data_stream();
     if declared.is_some_and(|n| n > limit) {
-        drain(&mut stream).await;
+        drain(&mut stream, deadline).await;
         return Err(too_big());
     }
     static UPLOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -331,7 +478,11 @@ async fn receive(state: &Arc<State>, headers: &HeaderMap, body: Body) -> Answer<
         .map_err(|e| internal(format!("cannot store the upload: {e}")))?;
     let mut hasher = Sha256::new();
     let mut size: u64 = 0;
-    while let Some(chunk) = stream.next().await {
+    loop {
+        let next = tokio::time::timeout_at(deadline, stream.next())
+            .await
+            .map_err(|_| slow_body(state.config.body_timeout))?;
+        let Some(chunk) = next else { break };
         let chunk = chunk.map_err(|e| {
             fail(
                 StatusCode::BAD_REQUEST,
@@ -340,7 +491,7 @@ async fn receive(state: &Arc<State>, headers: &HeaderMap, body: Body) -> Answer<
         })?;
         size += chunk.len() as u64;
         if size > limit {
-            drain(&mut stream).await;
+            drain(&mut stream, deadline).await;
             return Err(too_big());
         }
         hasher.update(&chunk);
@@ -368,14 +519,28 @@ async fn receive(state: &Arc<State>, headers: &HeaderMap, body: Body) -> Answer<
     if let Some(info) = state.db.component(&id).map_err(internal)?
         && stored.exists()
     {
+        // Whether *this* principal had uploaded it: another's upload of
+        // the same bytes is not told (HA-3).
+        let existing = state
+            .db
+            .owns_component(&id, caller.name())
+            .map_err(internal)?;
+        state
+            .db
+            .add_component_owner(&id, caller.name())
+            .map_err(internal)?;
         return ok(
-            StatusCode::OK,
+            if existing {
+                StatusCode::OK
+            } else {
+                StatusCode::CREATED
+            },
             UploadReply {
                 id,
                 size: info.size,
                 world: info.world,
                 compile_ms: 0,
-                existing: true,
+                existing,
             },
         );
     }
@@ -414,6 +579,10 @@ async fn receive(state: &Arc<State>, headers: &HeaderMap, body: Body) -> Answer<
     };
     state.db.insert_component(&info).map_err(internal)?;
     state
+        .db
+        .add_component_owner(&id, caller.name())
+        .map_err(internal)?;
+    state
         .prepared
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -436,24 +605,30 @@ async fn receive(state: &Arc<State>, headers: &HeaderMap, body: Body) -> Answer<
 
 /// Reads and drops the rest of a refused upload (up to [`DRAIN_LIMIT`]),
 /// so that the client, still sending, gets the answer rather than a
-/// broken connection.
-async fn drain(stream: &mut axum::body::BodyDataStream) {
-    let mut drained: u64 = 0;
-    while let Some(Ok(chunk)) = stream.next().await {
-        drained += chunk.len() as u64;
-        if drained > DRAIN_LIMIT {
-            break;
+/// broken connection; no later than `deadline`.
+async fn drain(stream: &mut axum::body::BodyDataStream, deadline: tokio::time::Instant) {
+    let _ = tokio::time::timeout_at(deadline, async {
+        let mut drained: u64 = 0;
+        while let Some(Ok(chunk)) = stream.next().await {
+            drained += chunk.len() as u64;
+            if drained > DRAIN_LIMIT {
+                break;
+            }
         }
-    }
+    })
+    .await;
 }
 
 /// The most of a refused upload read only to answer it.
 const DRAIN_LIMIT: u64 = 256 << 20;
 
-/// Lists uploaded components.
+/// Lists uploaded components: a user's own, or all for an admin.
 #[utoipa::path(get, path = "/v1/components", responses((status = 200, body = ComponentList)))]
-async fn list_components(With(state): With<Arc<State>>) -> Answer<ComponentList> {
-    let components = state.db.components().map_err(internal)?;
+async fn list_components(
+    With(state): With<Arc<State>>,
+    Extension(caller): Extension<Caller>,
+) -> Answer<ComponentList> {
+    let components = state.db.components(caller.filter()).map_err(internal)?;
     ok(StatusCode::OK, ComponentList { components })
 }
 
@@ -611,34 +786,20 @@ fn grant_dir(allowed: &[std::path::PathBuf], spec: &str) -> Result<DirGrant, Str
     responses(
         (status = 201, description = "Queued", body = Created),
         (status = 400, description = "A bad request, limits over the server's caps, a directory outside the allowed ones or missing, a malformed env entry", body = ApiError),
-        (status = 404, description = "No such component or mesh", body = ApiError)
+        (status = 403, description = "The persistent mesh is another principal's", body = ApiError),
+        (status = 404, description = "No such component (of the caller's) or mesh", body = ApiError),
+        (status = 408, description = "The body did not arrive within --body-timeout", body = ApiError),
+        (status = 413, description = "The body is over 64 KiB", body = ApiError),
+        (status = 429, description = "Over the caller's rate or quota", body = ApiError)
     )
 )]
-async fn submit(With(state): With<Arc<State>>, body: Bytes) -> Answer<Created> {
+async fn submit(
+    With(state): With<Arc<State>>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(body): JsonBody,
+) -> Answer<Created> {
     let request: JobRequest = parse_json(&body, "job request")?;
-    if !is_component_id(&request.component) {
-        return Err(fail(
-            StatusCode::BAD_REQUEST,
-            format!(
-                "`{}` is not a component id (64 hex digits, from POST /v1/components)",
-                request.component.escape_debug()
-            ),
-        ));
-    }
-    if state
-        .db
-        .component(&request.component)
-        .map_err(internal)?
-        .is_none()
-    {
-        return Err(fail(
-            StatusCode::NOT_FOUND,
-            format!(
-                "no component {} on this server; upload it first",
-                request.component
-            ),
-        ));
-    }
+    usable_component(&state, &caller, &request.component)?;
     if request.args.len() > MAX_ARGS {
         return Err(fail(
             StatusCode::BAD_REQUEST,
@@ -649,13 +810,7 @@ async fn submit(With(state): With<Arc<State>>, body: Bytes) -> Answer<Created> {
         None => (Target::Fresh, None),
         Some(MeshChoice::Spec(spec)) => (Target::Fresh, Some(spec.procs)),
         Some(MeshChoice::Name(name)) => {
-            validate_mesh_name(name).map_err(|e| fail(StatusCode::BAD_REQUEST, e))?;
-            if state.persistent(name).is_none() {
-                return Err(fail(
-                    StatusCode::NOT_FOUND,
-                    format!("no persistent mesh named `{name}`; create it with POST /v1/meshes"),
-                ));
-            }
+            usable_mesh(&state, &caller, name)?;
             (Target::Persistent(name.clone()), None)
         }
     };
@@ -666,13 +821,24 @@ async fn submit(With(state): With<Arc<State>>, body: Bytes) -> Answer<Created> {
         Target::Persistent(name) => Some(name.as_str()),
         Target::Fresh => None,
     };
+    // The quota is checked and the job recorded as one step (QU-2).
+    let _admission = state.admission.lock().unwrap_or_else(|p| p.into_inner());
+    quotas::check(&state, &caller.0, job_cost(&limits, &target))?;
     let id = state
         .db
-        .insert_job(&request.component, &request.args, mesh, &limits, &grants)
+        .insert_job(
+            caller.name(),
+            &request.component,
+            &request.args,
+            mesh,
+            &limits,
+            &grants,
+        )
         .map_err(internal)?;
     let started = jobs::start(
         &state,
         id,
+        caller.name(),
         request.component,
         request.args,
         limits,
@@ -688,9 +854,75 @@ async fn submit(With(state): With<Arc<State>>, body: Bytes) -> Answer<Created> {
     ok(StatusCode::CREATED, Created { id })
 }
 
-/// Lists jobs, newest first.
+/// What a job asks of its principal's quotas.
+pub(super) fn job_cost(limits: &Limits, target: &Target) -> Usage {
+    Usage {
+        jobs: 1,
+        procs: match target {
+            Target::Fresh => limits.procs.into(),
+            Target::Persistent(_) => 0,
+        },
+        memory_mib: limits.memory_mib.into(),
+    }
+}
+
+/// Checks that `caller` may run component `id`: it uploaded those bytes,
+/// or is an admin (HA-3). Another's component is answered as a missing
+/// one, so that ids tell nothing.
+pub(super) fn usable_component(state: &State, caller: &Caller, id: &str) -> Result<(), Fail> {
+    if !is_component_id(id) {
+        return Err(fail(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "`{}` is not a component id (64 hex digits, from POST /v1/components)",
+                id.escape_debug()
+            ),
+        ));
+    }
+    let usable = match caller.0.is_admin() {
+        true => state.db.component(id).map_err(internal)?.is_some(),
+        false => state
+            .db
+            .owns_component(id, caller.name())
+            .map_err(internal)?,
+    };
+    match usable {
+        true => Ok(()),
+        false if caller.0.is_admin() => Err(fail(
+            StatusCode::NOT_FOUND,
+            format!("no component {id} on this server; upload it first"),
+        )),
+        false => Err(fail(
+            StatusCode::NOT_FOUND,
+            format!(
+                "no component {id} uploaded by principal `{}`; upload it first (POST /v1/components; the same bytes as another principal's are fine)",
+                caller.name()
+            ),
+        )),
+    }
+}
+
+/// Checks that persistent mesh `name` exists and `caller` may run on it:
+/// the server's own meshes (`serve --mesh`) are everyone's.
+pub(super) fn usable_mesh(state: &State, caller: &Caller, name: &str) -> Result<(), Fail> {
+    validate_mesh_name(name).map_err(|e| fail(StatusCode::BAD_REQUEST, e))?;
+    match state.persistent(name) {
+        None => Err(fail(
+            StatusCode::NOT_FOUND,
+            format!("no persistent mesh named `{name}`; create it with POST /v1/meshes"),
+        )),
+        Some(mesh) if mesh.owner.is_none() || caller.may_see(mesh.owner.as_deref()) => Ok(()),
+        Some(_) => Err(not_yours(format_args!("the persistent mesh `{name}`"))),
+    }
+}
+
+/// Lists jobs, newest first: a user's own, or every one for an admin.
 #[utoipa::path(get, path = "/v1/jobs", params(("limit" = Option<usize>, Query, description = "At most this many (100)")), responses((status = 200, body = JobList)))]
-async fn list_jobs(With(state): With<Arc<State>>, RawQuery(query): RawQuery) -> Answer<JobList> {
+async fn list_jobs(
+    With(state): With<Arc<State>>,
+    Extension(caller): Extension<Caller>,
+    RawQuery(query): RawQuery,
+) -> Answer<JobList> {
     let mut limit = 100;
     for pair in query
         .as_deref()
@@ -708,7 +940,7 @@ async fn list_jobs(With(state): With<Arc<State>>, RawQuery(query): RawQuery) -> 
         }
     }
     let limit = limit.clamp(1, 10_000);
-    let jobs = state.db.jobs(limit).map_err(internal)?;
+    let jobs = state.db.jobs(limit, caller.filter()).map_err(internal)?;
     ok(StatusCode::OK, JobList { jobs })
 }
 
@@ -721,31 +953,48 @@ fn job_id(text: &str) -> Result<u64, Fail> {
     })
 }
 
-fn find_job(state: &State, id: u64) -> Result<JobInfo, Fail> {
-    state
+/// Job `id`, if `caller` may see it (HA-1).
+pub(super) fn find_job(state: &State, caller: &Caller, id: u64) -> Result<JobInfo, Fail> {
+    let job = state
         .db
         .job(id)
         .map_err(internal)?
-        .ok_or_else(|| fail(StatusCode::NOT_FOUND, format!("no job {id}")))
+        .ok_or_else(|| fail(StatusCode::NOT_FOUND, format!("no job {id}")))?;
+    match caller.may_see(job.owner.as_deref()) {
+        true => Ok(job),
+        false => Err(not_yours(format_args!("job {id}"))),
+    }
 }
 
 /// One job.
-#[utoipa::path(get, path = "/v1/jobs/{id}", params(("id" = u64, Path)), responses((status = 200, body = JobInfo), (status = 404, body = ApiError)))]
-async fn get_job(With(state): With<Arc<State>>, Path(id): Path<String>) -> Answer<JobInfo> {
+#[utoipa::path(get, path = "/v1/jobs/{id}", params(("id" = u64, Path)), responses((status = 200, body = JobInfo), (status = 403, description = "Another principal's", body = ApiError), (status = 404, body = ApiError)))]
+async fn get_job(
+    With(state): With<Arc<State>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Answer<JobInfo> {
     let id = job_id(&id)?;
-    ok(StatusCode::OK, find_job(&state, id)?)
+    ok(StatusCode::OK, find_job(&state, &caller, id)?)
 }
 
 /// Cancels a job: a queued one never starts; a running controller stops
 /// at its next host call or deadline tick, and its fresh mesh stops.
-#[utoipa::path(delete, path = "/v1/jobs/{id}", params(("id" = u64, Path)), responses((status = 202, body = JobInfo), (status = 404, body = ApiError), (status = 409, description = "The job has finished", body = ApiError)))]
-async fn cancel_job(With(state): With<Arc<State>>, Path(id): Path<String>) -> Answer<JobInfo> {
+#[utoipa::path(delete, path = "/v1/jobs/{id}", params(("id" = u64, Path)), responses((status = 202, body = JobInfo), (status = 403, description = "Another principal's", body = ApiError), (status = 404, body = ApiError), (status = 409, description = "The job has finished", body = ApiError)))]
+async fn cancel_job(
+    With(state): With<Arc<State>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Answer<JobInfo> {
     let id = job_id(&id)?;
-    let job = find_job(&state, id)?;
+    let job = find_job(&state, &caller, id)?;
     let live = state.live().get(&id).cloned();
     match live {
         Some(live) if !job.status.is_final() => {
-            live.cancel("cancelled by a user".into());
+            let why = match job.owner.as_deref() == Some(caller.name()) {
+                true => "cancelled by a user".to_string(),
+                false => format!("cancelled by the admin `{}`", caller.name()),
+            };
+            live.cancel(why);
             ok(StatusCode::ACCEPTED, job)
         }
         _ => Err(fail(
@@ -769,10 +1018,11 @@ async fn cancel_job(With(state): With<Arc<State>>, Path(id): Path<String>) -> An
 )]
 async fn job_stacks(
     With(state): With<Arc<State>>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<axum::Json<serde_json::Value>, Fail> {
     let id = job_id(&id)?;
-    let job = find_job(&state, id)?;
+    let job = find_job(&state, &caller, id)?;
     let cluster = state.live().get(&id).and_then(|live| live.run.cluster());
     let Some(cluster) = cluster else {
         let status = job.status.as_str();
@@ -807,10 +1057,11 @@ async fn job_stacks(
 )]
 async fn job_debug(
     With(state): With<Arc<State>>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<axum::Json<DebugEndpoint>, Fail> {
     let id = job_id(&id)?;
-    let job = find_job(&state, id)?;
+    let job = find_job(&state, &caller, id)?;
     let live = state.live().get(&id).cloned();
     let endpoint =
         live.and_then(|live| live.debug.lock().unwrap_or_else(|p| p.into_inner()).clone());
@@ -837,9 +1088,13 @@ async fn job_debug(
     params(("id" = u64, Path)),
     responses((status = 200, body = DumpList), (status = 404, body = ApiError))
 )]
-async fn job_dumps(With(state): With<Arc<State>>, Path(id): Path<String>) -> Answer<DumpList> {
+async fn job_dumps(
+    With(state): With<Arc<State>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Answer<DumpList> {
     let id = job_id(&id)?;
-    find_job(&state, id)?;
+    find_job(&state, &caller, id)?;
     let dir = crate::debug::dumps::for_job(&state.config.data, id).dir;
     let dumps = tokio::task::spawn_blocking(move || match dir.is_dir() {
         true => crate::debug::dumps::read_dumps(&dir),
@@ -866,10 +1121,11 @@ async fn job_dumps(With(state): With<Arc<State>>, Path(id): Path<String>) -> Ans
 )]
 async fn job_dump_file(
     With(state): With<Arc<State>>,
+    Extension(caller): Extension<Caller>,
     Path((id, file)): Path<(String, String)>,
 ) -> Result<Response, Fail> {
     let id = job_id(&id)?;
-    find_job(&state, id)?;
+    find_job(&state, &caller, id)?;
     // A plain name in the job's directory: nothing that leads out of it.
     if !crate::debug::dumps::is_dump_file_name(&file) {
         return Err(fail(
@@ -918,9 +1174,13 @@ async fn job_dump_file(
         (status = 404, body = ApiError)
     )
 )]
-async fn job_logs(With(state): With<Arc<State>>, Path(id): Path<String>) -> Result<Response, Fail> {
+async fn job_logs(
+    With(state): With<Arc<State>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, Fail> {
     let id = job_id(&id)?;
-    find_job(&state, id)?;
+    find_job(&state, &caller, id)?;
     let live = state.live().get(&id).cloned();
     let (tx, rx) = mpsc::channel::<Event>(256);
     tokio::spawn(follow(state.clone(), id, live, tx));
@@ -1004,10 +1264,15 @@ async fn follow(
     responses(
         (status = 201, description = "Its procs run", body = MeshInfo),
         (status = 400, body = ApiError),
-        (status = 409, description = "The name is taken", body = ApiError)
+        (status = 409, description = "The name is taken", body = ApiError),
+        (status = 429, description = "Over the caller's procs quota", body = ApiError)
     )
 )]
-async fn create_mesh(With(state): With<Arc<State>>, body: Bytes) -> Answer<MeshInfo> {
+async fn create_mesh(
+    With(state): With<Arc<State>>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(body): JsonBody,
+) -> Answer<MeshInfo> {
     let request: MeshRequest = parse_json(&body, "mesh request")?;
     validate_mesh_name(&request.name).map_err(|e| fail(StatusCode::BAD_REQUEST, e))?;
     let cap = state.config.max_limits.procs;
@@ -1030,37 +1295,93 @@ async fn create_mesh(With(state): With<Arc<State>>, body: Bytes) -> Answer<MeshI
         ));
     }
     {
+        // The quota is checked and the mesh's procs counted as one step
+        // (QU-2): a mesh being created counts as made.
+        let _admission = state.admission.lock().unwrap_or_else(|p| p.into_inner());
+        let ask = Usage {
+            procs: request.procs.into(),
+            ..Usage::default()
+        };
+        quotas::check(&state, &caller.0, ask)?;
         let mut creating = state.creating.lock().unwrap_or_else(|p| p.into_inner());
-        if state.persistent(&request.name).is_some() || !creating.insert(request.name.clone()) {
+        if state.persistent(&request.name).is_some() || creating.contains_key(&request.name) {
             return Err(fail(
                 StatusCode::CONFLICT,
                 format!("a mesh named `{}` exists", request.name),
             ));
         }
+        creating.insert(
+            request.name.clone(),
+            (caller.name().to_string(), request.procs),
+        );
     }
-    let made = state.create_mesh(&request.name, request.procs).await;
+    let made = state
+        .create_mesh(
+            &request.name,
+            request.procs,
+            Some(caller.name().to_string()),
+        )
+        .await;
     state
         .creating
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(&request.name);
-    match made {
-        Ok(info) => ok(StatusCode::CREATED, info),
-        Err(e) => Err(internal(e)),
+    let info = made.map_err(internal)?;
+    // Recorded, it comes back after a restart until it is deleted (PM-1).
+    let record = super::db::MeshRecord {
+        name: request.name.clone(),
+        procs: request.procs,
+        owner: Some(caller.name().to_string()),
+        origin: "api".into(),
+        created_at_ms: super::db::now_ms(),
+    };
+    if let Err(e) = state.db.record_mesh(&record) {
+        state.stop_mesh(&request.name);
+        return Err(internal(e));
     }
+    ok(StatusCode::CREATED, info)
 }
 
 /// Lists meshes: persistent ones, running jobs' fresh ones, and the
 /// persistent actor meshes with each rank's state (a failed rank says why).
+/// A user sees the server's own persistent meshes and what it owns (its
+/// meshes, its jobs' fresh meshes, what its jobs spawned).
 #[utoipa::path(get, path = "/v1/meshes", responses((status = 200, body = MeshList)))]
-async fn list_meshes(With(state): With<Arc<State>>) -> Answer<MeshList> {
+async fn list_meshes(
+    With(state): With<Arc<State>>,
+    Extension(caller): Extension<Caller>,
+) -> Answer<MeshList> {
+    let actor_meshes = state
+        .actor_meshes()
+        .into_iter()
+        .filter(|m| may_see_actor_mesh(&state, &caller, m))
+        .collect();
     ok(
         StatusCode::OK,
         MeshList {
-            meshes: state.meshes(),
-            actor_meshes: state.actor_meshes(),
+            meshes: state.meshes_of(&caller),
+            actor_meshes,
         },
     )
+}
+
+/// Whether `caller` may see (and stop) persistent actor mesh `mesh`: one
+/// its job spawned, or one on a persistent mesh it owns.
+fn may_see_actor_mesh(state: &State, caller: &Caller, mesh: &ActorMeshInfo) -> bool {
+    if caller.0.is_admin() {
+        return true;
+    }
+    let on_own = state
+        .persistent(&mesh.mesh)
+        .is_some_and(|m| m.owner.as_deref() == Some(caller.name()));
+    let spawner = mesh
+        .spawned_by
+        .strip_prefix("job ")
+        .and_then(|id| id.parse::<u64>().ok())
+        .and_then(|id| state.db.job(id).ok().flatten())
+        .and_then(|job| job.owner);
+    on_own || spawner.as_deref() == Some(caller.name())
 }
 
 /// Stops a persistent mesh (jobs running on it fail, and the persistent
@@ -1072,16 +1393,33 @@ async fn list_meshes(With(state): With<Arc<State>>) -> Answer<MeshList> {
     params(("name" = String, Path, description = "A persistent mesh's or a persistent actor mesh's name")),
     responses(
         (status = 200, description = "What was stopped: a mesh (MeshInfo) or an actor mesh (ActorMeshInfo)", body = StoppedMesh),
+        (status = 403, description = "Another principal's, or the server's own (for a user)", body = ApiError),
         (status = 404, body = ApiError)
     )
 )]
 async fn delete_mesh(
     With(state): With<Arc<State>>,
+    Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> Answer<StoppedMesh> {
     validate_mesh_name(&name).map_err(|e| fail(StatusCode::BAD_REQUEST, e))?;
+    // The server's own meshes are an admin's to stop.
+    if let Some(mesh) = state.persistent(&name)
+        && !caller.may_see(mesh.owner.as_deref())
+    {
+        return Err(not_yours(format_args!("the persistent mesh `{name}`")));
+    }
     if let Some(info) = state.stop_mesh(&name) {
+        // Deleted, it does not come back after a restart.
+        state.db.forget_mesh(&name).map_err(internal)?;
         return ok(StatusCode::OK, StoppedMesh::Procs(info));
+    }
+    if let Some(mesh) = state.actor_meshes().iter().find(|m| m.name == name)
+        && !may_see_actor_mesh(&state, &caller, mesh)
+    {
+        return Err(not_yours(format_args!(
+            "the persistent actor mesh `{name}`"
+        )));
     }
     match state.stop_actor_mesh(&name).await {
         Some(info) => ok(StatusCode::OK, StoppedMesh::Actors(info)),
@@ -1092,10 +1430,40 @@ async fn delete_mesh(
     }
 }
 
-/// Prometheus metrics.
-#[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
-async fn metrics(With(state): With<Arc<State>>) -> Response {
+/// The caller: its principal's name, role, quotas and what it holds now.
+#[utoipa::path(get, path = "/v1/principal", responses((status = 200, body = PrincipalInfo)))]
+async fn principal(
+    With(state): With<Arc<State>>,
+    Extension(caller): Extension<Caller>,
+) -> Answer<PrincipalInfo> {
+    let used = quotas::usage(&state, caller.name());
+    let quota = caller.0.quota;
+    ok(
+        StatusCode::OK,
+        PrincipalInfo {
+            name: caller.name().to_string(),
+            role: caller.0.role.as_str().into(),
+            max_jobs: quota.max_jobs,
+            max_procs: quota.max_procs,
+            max_memory_mib: quota.max_memory_mib,
+            jobs: used.jobs,
+            procs: used.procs,
+            memory_mib: used.memory_mib,
+        },
+    )
+}
+
+/// Prometheus metrics, for an admin (HA-1).
+#[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String), (status = 403, description = "The caller is not an admin", body = ApiError)))]
+async fn metrics(With(state): With<Arc<State>>, Extension(caller): Extension<Caller>) -> Response {
     use std::fmt::Write;
+    if !caller.0.is_admin() {
+        return fail(
+            StatusCode::FORBIDDEN,
+            "the metrics are the whole server's, an admin's to read; GET /v1/principal shows your own use",
+        )
+        .into_response();
+    }
     let mut out = String::new();
     let mut metric = |name: &str, kind: &str, help: &str, values: &[(&str, u64)]| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -1163,7 +1531,13 @@ async fn metrics(With(state): With<Arc<State>>) -> Response {
         "Requests refused for a missing or wrong token.",
         &[("", get(&state.unauthorized))],
     );
-    let meshes = state.meshes();
+    metric(
+        "monarch_rate_limited_requests_total",
+        "counter",
+        "Requests refused (429) for their principal's rate (--rate-limit).",
+        &[("", get(&state.rate_limited))],
+    );
+    let meshes = state.meshes_of(&caller);
     let persistent = meshes.iter().filter(|m| m.persistent).count() as u64;
     let procs = |s: &str| {
         meshes
@@ -1262,6 +1636,14 @@ mod tests {
             );
         }
         assert!(schemas.get("ActorMeshInfo").is_some());
+        assert!(doc["paths"].get("/v1/principal").is_some());
+        for field in ["name", "role", "max_jobs", "jobs"] {
+            assert!(
+                schemas["PrincipalInfo"]["properties"].get(field).is_some(),
+                "{field}"
+            );
+        }
+        assert!(schemas["JobInfo"]["properties"].get("owner").is_some());
         assert!(schemas.get("StoppedMesh").is_some());
         for schema in ["PartialLimits", "Limits"] {
             assert!(

@@ -108,6 +108,13 @@ pub(crate) struct LiveJob {
     /// Its debug hub's address and token, while it runs with breakpoints
     /// on (`"debug": true`).
     pub(crate) debug: Mutex<Option<crate::serve::api::DebugEndpoint>>,
+    /// The principal that submitted it (`-` on a server without tokens).
+    pub(crate) owner: String,
+    /// The procs its fresh mesh may start (0 on a persistent mesh), which
+    /// count against its owner's quota while it is unfinished.
+    pub(crate) procs: u64,
+    /// The Wasm memory it asked for, which counts likewise.
+    pub(crate) memory_mib: u64,
 }
 
 impl LiveJob {
@@ -159,12 +166,40 @@ pub(crate) enum Target {
     Persistent(String),
 }
 
-/// Queues job `id` and starts its task; `grants` were checked against the
-/// server's allowed directories at submission.
+/// A requeued job's place in the queue (JR-1): it waits for `go` before
+/// it waits for a slot, and sends `queued` once it has one (or ended), so
+/// that the jobs a restart requeues take slots in their original order.
+pub(crate) struct Turn {
+    pub(crate) go: tokio::sync::oneshot::Receiver<()>,
+    pub(crate) queued: tokio::sync::oneshot::Sender<()>,
+}
+
+/// Queues job `id` of principal `owner` and starts its task; `grants`
+/// were checked against the server's allowed directories at submission.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn start(
     state: &Arc<State>,
     id: u64,
+    owner: &str,
+    component: String,
+    args: Vec<String>,
+    limits: Limits,
+    grants: Grants,
+    target: Target,
+    debug: bool,
+    session: Option<Box<SessionStart>>,
+) -> Result<(), String> {
+    start_in_turn(
+        state, id, owner, component, args, limits, grants, target, debug, session, None,
+    )
+}
+
+/// [`start`], for a job that waits for its `turn` before it queues.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn start_in_turn(
+    state: &Arc<State>,
+    id: u64,
+    owner: &str,
     component: String,
     args: Vec<String>,
     limits: Limits,
@@ -172,6 +207,7 @@ pub(crate) fn start(
     target: Target,
     debug: bool,
     mut session: Option<Box<SessionStart>>,
+    turn: Option<Turn>,
 ) -> Result<(), String> {
     let log = JobLog::create(state.log_path(id), state.config.max_log_bytes)?;
     if let Some(session) = &session {
@@ -184,6 +220,12 @@ pub(crate) fn start(
         cancel,
         run: Default::default(),
         debug: Mutex::new(None),
+        owner: owner.to_string(),
+        procs: match target {
+            Target::Fresh => limits.procs.into(),
+            Target::Persistent(_) => 0,
+        },
+        memory_mib: limits.memory_mib.into(),
     });
     state.live().insert(id, live);
     state.counters.submitted.fetch_add(1, Ordering::Relaxed);
@@ -205,6 +247,7 @@ pub(crate) fn start(
                     session,
                     &log,
                     &mut cancelled,
+                    turn,
                 )
                 .await
             })
@@ -326,6 +369,7 @@ async fn run(
     session: Option<Box<SessionStart>>,
     log: &Arc<JobLog>,
     cancelled: &mut watch::Receiver<Option<String>>,
+    turn: Option<Turn>,
 ) -> (JobStatus, Option<String>) {
     let cancel_reason = |cancelled: &watch::Receiver<Option<String>>| {
         cancelled
@@ -333,11 +377,24 @@ async fn run(
             .clone()
             .unwrap_or_else(|| "cancelled".into())
     };
+    // A requeued job waits for its turn (JR-1); dropping `queued` when
+    // this returns hands the turn on, whatever happened.
+    let _queued = match turn {
+        None => None,
+        Some(Turn { go, queued }) => {
+            tokio::select! {
+                _ = go => {}
+                _ = cancelled.wait_for(Option::is_some) => {}
+            }
+            Some(queued)
+        }
+    };
     // Wait for a slot, unless cancelled first.
     let permit = tokio::select! {
         permit = state.run_gate.clone().acquire_owned() => Some(permit),
         _ = cancelled.wait_for(Option::is_some) => None,
     };
+    drop(_queued);
     let permit = match permit {
         Some(Ok(permit)) => permit,
         Some(Err(_)) => return (JobStatus::Failed, Some("the server is stopping".into())),

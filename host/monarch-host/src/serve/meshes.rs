@@ -2,14 +2,32 @@
 //! jobs, and the fresh meshes of running jobs. A [`MeshView`] follows what
 //! jobs spawn and stop on a mesh (as a [`MeshObserver`]) and what happens to
 //! its procs and actors (the mesh client's events).
+//!
+//! Persistent meshes survive what happens to their procs and to the server:
+//! - PM-1: a persistent proc mesh (`serve --mesh`, `POST /v1/meshes`) is
+//!   recorded in the database and started again, with new procs, at each
+//!   start of the server until it is deleted; the jobs that were running
+//!   on it when the server died are failed, saying its procs are new.
+//!   Persistent actor meshes on it are not restored (their state was in
+//!   the procs' memory): the server records which live, and lists those a
+//!   restart lost as `lost` until they are spawned again or deleted.
+//! - PM-2: a proc of a persistent mesh that dies (killed, crashed) is
+//!   replaced by a new proc at its rank, with a log line; the mesh's info
+//!   counts replacements and shows the latest. Jobs holding the dead proc
+//!   see its failure; later jobs get the new one.
+//! - PM-3: at most [`STORM_LIMIT`] replacements of one rank within
+//!   [`STORM_WINDOW`]; a rank that dies once more is left dead, with a log
+//!   line and its reason saying so.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use hyperactor::ProcId;
 use hyperactor_mesh::agent::MeshEvent;
 use hyperactor_mesh::client::MeshClient;
 
-use super::api::{ActorMeshInfo, ActorsInfo, MeshInfo, ProcInfo, RankInfo};
+use super::api::{ActorMeshInfo, ActorsInfo, MeshInfo, ProcInfo, RankInfo, Replacement};
 use crate::host::MeshObserver;
 use crate::mesh::{PersistentActorMesh, PersistentActorMeshes};
 
@@ -23,7 +41,41 @@ pub(crate) struct MeshView {
 #[derive(Default)]
 struct ViewState {
     procs: Vec<(ProcId, Option<String>)>,
+    /// Each rank's OS process, where known (a persistent mesh's).
+    pids: Vec<Option<u32>>,
+    /// The replacements of a persistent mesh's dead procs (PM-2), by rank.
+    replacements: HashMap<u32, RankReplacements>,
     actors: Vec<ActorView>,
+}
+
+/// The replacements of one rank's proc.
+#[derive(Default)]
+struct RankReplacements {
+    count: u32,
+    /// Why the last one was needed, and when (ms since the epoch).
+    last: Option<(String, i64)>,
+    /// When the recent ones were, for the storm limit (PM-3).
+    recent: VecDeque<Instant>,
+    /// Set when the storm limit left the rank dead: why.
+    given_up: Option<String>,
+}
+
+/// The most replacements of one rank within [`STORM_WINDOW`]; one more
+/// death leaves the rank dead (PM-3).
+pub(crate) const STORM_LIMIT: usize = 5;
+
+/// The window of [`STORM_LIMIT`].
+pub(crate) const STORM_WINDOW: Duration = Duration::from_secs(60);
+
+/// Whether a dead proc of a persistent mesh is replaced.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Replace {
+    /// Replace the proc at this rank.
+    Rank(u32),
+    /// Not a proc of this mesh now (already replaced, or unknown).
+    NotOurs,
+    /// The rank died too often (PM-3): left dead.
+    StormLimit(u32),
 }
 
 struct ActorView {
@@ -43,10 +95,70 @@ impl MeshView {
             name,
             job,
             state: Mutex::new(ViewState {
+                pids: vec![None; procs.len()],
                 procs: procs.into_iter().map(|p| (p, None)).collect(),
-                actors: Vec::new(),
+                ..ViewState::default()
             }),
         })
+    }
+
+    /// Records each rank's OS process (a persistent mesh's procs).
+    pub(crate) fn set_pids(&self, pids: Vec<Option<u32>>) {
+        self.lock().pids = pids;
+    }
+
+    /// Decides whether the proc `proc`, which died, is replaced (PM-2,
+    /// PM-3); a decision to replace counts against the rank's storm limit.
+    pub(crate) fn should_replace(&self, proc: &ProcId, reason: &str, now: Instant) -> Replace {
+        let mut state = self.lock();
+        let Some(rank) = state.procs.iter().position(|(p, _)| p == proc) else {
+            return Replace::NotOurs;
+        };
+        let rank = rank as u32;
+        let history = state.replacements.entry(rank).or_default();
+        while history
+            .recent
+            .front()
+            .is_some_and(|at| now.duration_since(*at) > STORM_WINDOW)
+        {
+            history.recent.pop_front();
+        }
+        if history.recent.len() >= STORM_LIMIT {
+            history.given_up = Some(format!(
+                "died {} times within {} s (last: {reason}); left dead",
+                STORM_LIMIT + 1,
+                STORM_WINDOW.as_secs()
+            ));
+            return Replace::StormLimit(rank);
+        }
+        history.recent.push_back(now);
+        Replace::Rank(rank)
+    }
+
+    /// Puts `new` (OS process `pid`) at `rank` in place of `old`, which
+    /// died of `reason`; false when `old` is no longer there.
+    pub(crate) fn replace(
+        &self,
+        rank: u32,
+        old: &ProcId,
+        new: ProcId,
+        pid: Option<u32>,
+        reason: &str,
+    ) -> bool {
+        let mut state = self.lock();
+        let at = rank as usize;
+        if state.procs.get(at).map(|(p, _)| p) != Some(old) {
+            return false;
+        }
+        state.procs[at] = (new, None);
+        if state.pids.len() <= at {
+            state.pids.resize(at + 1, None);
+        }
+        state.pids[at] = pid;
+        let history = state.replacements.entry(rank).or_default();
+        history.count += 1;
+        history.last = Some((reason.to_string(), super::db::now_ms()));
+        true
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ViewState> {
@@ -103,10 +215,27 @@ impl MeshView {
                 .position(|(p, _)| p == proc)
                 .unwrap_or(usize::MAX) as u32
         };
+        let replacement = |rank: u32| state.replacements.get(&rank);
+        let last_replacement = state
+            .replacements
+            .iter()
+            .filter_map(|(rank, r)| r.last.as_ref().map(|(reason, at)| (*rank, reason, *at)))
+            .max_by_key(|(rank, _, at)| (*at, *rank))
+            .map(|(rank, reason, at_ms)| Replacement {
+                rank,
+                reason: reason.clone(),
+                at_ms,
+            });
         MeshInfo {
             name: self.name.clone(),
             persistent,
             job: self.job,
+            replaced: state
+                .replacements
+                .values()
+                .map(|r| u64::from(r.count))
+                .sum(),
+            last_replacement,
             procs: state
                 .procs
                 .iter()
@@ -120,7 +249,22 @@ impl MeshView {
                         "running"
                     }
                     .into(),
-                    reason: ended.clone(),
+                    reason: match (
+                        ended,
+                        replacement(rank as u32).and_then(|r| r.given_up.as_ref()),
+                    ) {
+                        (Some(ended), Some(given_up)) => Some(format!("{ended}; {given_up}")),
+                        (ended, _) => ended.clone(),
+                    },
+                    pid: state.pids.get(rank).copied().flatten(),
+                    replaced: replacement(rank as u32).map_or(0, |r| r.count),
+                    last_replacement: replacement(rank as u32).and_then(|r| {
+                        r.last.as_ref().map(|(reason, at_ms)| Replacement {
+                            rank: rank as u32,
+                            reason: reason.clone(),
+                            at_ms: *at_ms,
+                        })
+                    }),
                 })
                 .collect(),
             actors: state
@@ -239,10 +383,32 @@ pub(crate) fn actor_mesh_info(mesh: &PersistentActorMesh) -> ActorMeshInfo {
     }
 }
 
+/// A persistent actor mesh that a restart lost, as the API shows it.
+pub(crate) fn lost_actor_mesh_info(mesh: super::db::ActorMeshRecord) -> ActorMeshInfo {
+    ActorMeshInfo {
+        reason: Some(format!(
+            "lost with the server's restart: its state was in the memory of the procs of `{}`, which were started anew; spawn it again, or DELETE /v1/meshes/{} to forget it",
+            mesh.mesh, mesh.name
+        )),
+        name: mesh.name,
+        class: mesh.class,
+        mesh: mesh.mesh,
+        spawned_by: mesh.spawned_by,
+        extent: mesh.extent,
+        state: "lost".into(),
+        ranks: Vec::new(),
+    }
+}
+
 /// A mesh whose procs outlive jobs.
 pub(crate) struct PersistentMesh {
     pub(crate) client: Arc<MeshClient>,
     pub(crate) view: Arc<MeshView>,
+    /// The principal that created it (`POST /v1/meshes`); None for the
+    /// server's own (`serve --mesh`), which every principal may use.
+    pub(crate) owner: Option<String>,
+    /// How many procs it was started with, for its owner's quota.
+    pub(crate) procs: u32,
 }
 
 /// Checks a mesh name: letters, digits, `-` and `_`, 1 to 64 of them.
@@ -259,5 +425,75 @@ pub(crate) fn validate_mesh_name(name: &str) -> Result<(), String> {
             "bad mesh name `{}`: use 1 to 64 letters, digits, `-` and `_`, not starting with `job-`",
             name.escape_debug()
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn procs(n: usize) -> Vec<ProcId> {
+        (0..n)
+            .map(|i| format!("unix:/tmp/pm-test.sock,proc{i}").parse().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn pm_2_a_dead_proc_is_replaced_at_its_rank_and_counted() {
+        let all = procs(3);
+        let view = MeshView::new("workers".into(), None, all[..2].to_vec());
+        view.set_pids(vec![Some(10), Some(11)]);
+        let now = Instant::now();
+        assert_eq!(
+            view.should_replace(&all[2], "killed", now),
+            Replace::NotOurs
+        );
+        assert_eq!(
+            view.should_replace(&all[1], "killed", now),
+            Replace::Rank(1)
+        );
+        assert!(view.replace(1, &all[1], all[2].clone(), Some(12), "killed by signal 9"));
+        // The old proc is no longer at the rank: a second replace is refused.
+        assert!(!view.replace(1, &all[1], all[0].clone(), None, "again"));
+        let info = view.info(true);
+        assert_eq!(info.replaced, 1);
+        let last = info.last_replacement.unwrap();
+        assert_eq!((last.rank, last.reason.as_str()), (1, "killed by signal 9"));
+        assert_eq!(info.procs[1].id, all[2].to_string());
+        assert_eq!(info.procs[1].pid, Some(12));
+        assert_eq!(info.procs[1].state, "running");
+        assert_eq!(info.procs[1].replaced, 1);
+        assert_eq!(info.procs[0].replaced, 0);
+        assert_eq!(view.procs(), vec![all[0].clone(), all[2].clone()]);
+    }
+
+    #[test]
+    fn pm_3_a_rank_that_dies_too_often_is_left_dead() {
+        let all = procs(1);
+        let view = MeshView::new("workers".into(), None, all.clone());
+        let start = Instant::now();
+        for n in 0..STORM_LIMIT {
+            let at = start + Duration::from_secs(n as u64);
+            assert_eq!(view.should_replace(&all[0], "crash", at), Replace::Rank(0));
+        }
+        let at = start + Duration::from_secs(STORM_LIMIT as u64);
+        assert_eq!(
+            view.should_replace(&all[0], "crash", at),
+            Replace::StormLimit(0)
+        );
+        view.take_event(&MeshEvent::ProcStopped {
+            proc: all[0].clone(),
+            reason: "crash".into(),
+        });
+        let info = view.info(true);
+        assert_eq!(info.procs[0].state, "stopped");
+        let reason = info.procs[0].reason.clone().unwrap();
+        assert!(reason.contains("left dead"), "{reason}");
+        // Past the window, the rank is replaced again.
+        let later = start + STORM_WINDOW + Duration::from_secs(STORM_LIMIT as u64 + 1);
+        assert_eq!(
+            view.should_replace(&all[0], "crash", later),
+            Replace::Rank(0)
+        );
     }
 }

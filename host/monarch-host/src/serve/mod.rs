@@ -3,13 +3,23 @@
 //! their JSON are in `docs/serve.md`; the OpenAPI document at
 //! `/v1/openapi.json` is generated from [`handlers`] and [`api`].
 //!
-//! - [`db`]: components and jobs in SQLite; a restart fails what was running.
+//! - [`db`]: components, jobs and persistent meshes in SQLite; a restart
+//!   fails what was running and runs what was queued.
 //! - [`jobs`]: the queue, one task per job, log files that streams follow.
 //! - [`meshes`]: persistent meshes and the server's view of every mesh.
+//!
+//! - [`principals`]: who may use the server (tokens, roles), and
+//!   [`quotas`]: how much each may ask for (rate, jobs, procs, memory).
+//! - `listen`: the accept loop, with deadlines for slow clients.
 //!
 //! A job may be granted directories only inside the admin's `--allow-dir`s
 //! ([`ServeConfig::allowed_dirs`]), checked at submission in `handlers`
 //! and again as it starts in `jobs`.
+//!
+//! Jobs, the components a principal uploaded, console sessions and
+//! persistent meshes belong to the principal that made them; see
+//! [`principals`] for who sees what, and docs/serve.md ("Users, roles and
+//! limits").
 
 pub mod api;
 pub mod client;
@@ -17,7 +27,10 @@ mod db;
 mod debug_bridge;
 mod handlers;
 mod jobs;
+mod listen;
 mod meshes;
+pub mod principals;
+pub mod quotas;
 mod sessions;
 
 use std::collections::{BTreeMap, HashMap};
@@ -31,6 +44,8 @@ use hyperactor::ClusterToken;
 use hyperactor_mesh::agent::Registry;
 use hyperactor_mesh::alloc::{Allocator, BootstrapCommand, LocalAllocator};
 use hyperactor_mesh::client::MeshClient;
+use principals::{Principals, Quota};
+use quotas::{RateLimit, RateLimiter};
 use tokio::sync::{OnceCell, Semaphore};
 use wasmtime::Engine;
 
@@ -50,10 +65,25 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     /// Where state, components and logs are kept.
     pub data: PathBuf,
-    /// The bearer token clients must present; required off loopback.
-    /// Several tokens, one per line, give several owners: a console
-    /// session belongs to the token that opened it.
+    /// The text of a legacy token file (`--token-file`): one token a
+    /// line, each an `admin` principal named by its fingerprint. A token
+    /// (here or in `tokens_file`) is required off loopback.
     pub token: Option<String>,
+    /// A tokens file (`--tokens-file`): `NAME ROLE TOKEN [QUOTA=N...]`
+    /// a line ([`principals`]); read, and refused with `file:line` and
+    /// why, by [`Server::start`].
+    pub tokens_file: Option<PathBuf>,
+    /// Each principal's quotas, unless its line of the tokens file sets
+    /// its own.
+    pub quota: Quota,
+    /// Each principal's request rate.
+    pub rate_limit: RateLimit,
+    /// How long a client may take to send a request's headers
+    /// (`--header-timeout`); then its connection is closed.
+    pub header_timeout: Duration,
+    /// How long a client may take to send a request's body
+    /// (`--body-timeout`, an upload's included); then it is answered 408.
+    pub body_timeout: Duration,
     /// How long a console session may sit without input before it is
     /// closed, unless it asks for its own (`console --idle-ttl`).
     pub session_idle_ttl: Duration,
@@ -92,6 +122,11 @@ impl ServeConfig {
             listen,
             data,
             token: None,
+            tokens_file: None,
+            quota: Quota::default(),
+            rate_limit: RateLimit::default(),
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(60),
             session_idle_ttl: Duration::from_secs(8 * 3600),
             bootstrap,
             placement: None,
@@ -119,8 +154,16 @@ impl ServeConfig {
 /// What the handlers share.
 pub(crate) struct State {
     config: ServeConfig,
-    /// The tokens clients may present; none: no token is asked for.
-    tokens: Vec<ClusterToken>,
+    /// The principals, by token; none: no token is asked for, and every
+    /// request is the anonymous admin's.
+    principals: Principals,
+    /// The anonymous admin of a server without tokens.
+    anonymous: Arc<principals::Principal>,
+    /// Each principal's token bucket.
+    rate: RateLimiter,
+    /// Held while a request checks its principal's quotas and records what
+    /// it was granted (QU-2).
+    admission: Mutex<()>,
     /// Console sessions that run.
     sessions: sessions::Sessions,
     db: Db,
@@ -131,8 +174,9 @@ pub(crate) struct State {
     run_gate: Arc<Semaphore>,
     live: LiveJobs,
     persistent: Mutex<BTreeMap<String, Arc<PersistentMesh>>>,
-    /// Names of persistent meshes being created.
-    creating: Mutex<std::collections::HashSet<String>>,
+    /// Persistent meshes being created: name, and owner and procs (which
+    /// count against its quota already).
+    creating: Mutex<HashMap<String, (String, u32)>>,
     fresh: Mutex<BTreeMap<u64, Arc<MeshView>>>,
     /// Persistent actor meshes, which belong to the server: jobs and
     /// sessions spawn and find them through their observers.
@@ -140,6 +184,7 @@ pub(crate) struct State {
     counters: JobCounters,
     uploads: UploadCounters,
     unauthorized: AtomicU64,
+    rate_limited: AtomicU64,
     meshes_made: AtomicU64,
 }
 
@@ -208,6 +253,51 @@ impl State {
         all
     }
 
+    /// The meshes `caller` may see (HA-1): an admin every one; a user the
+    /// server's own persistent meshes, its own, and its jobs' fresh ones.
+    fn meshes_of(&self, caller: &handlers::Caller) -> Vec<MeshInfo> {
+        if caller.0.is_admin() {
+            return self.meshes();
+        }
+        let mut all: Vec<MeshInfo> = self
+            .persistent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|m| m.owner.is_none() || m.owner.as_deref() == Some(caller.name()))
+            .map(|m| m.view.info(true))
+            .collect();
+        let own: std::collections::HashSet<u64> = self
+            .live()
+            .iter()
+            .filter(|(_, job)| job.owner == caller.name())
+            .map(|(id, _)| *id)
+            .collect();
+        all.extend(
+            self.fresh
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .filter(|(job, _)| own.contains(job))
+                .map(|(_, v)| v.info(false)),
+        );
+        // On a shared mesh, only the actors of its own jobs.
+        for mesh in &mut all {
+            mesh.actors.retain(|a| {
+                own.contains(&a.job) || self.owner_of(a.job).as_deref() == Some(caller.name())
+            });
+        }
+        all
+    }
+
+    /// The principal that submitted job `id`.
+    fn owner_of(&self, id: u64) -> Option<String> {
+        if let Some(job) = self.live().get(&id) {
+            return Some(job.owner.clone());
+        }
+        self.db.job(id).ok().flatten().and_then(|job| job.owner)
+    }
+
     /// The compiled form of component `id`: in memory, or compiled (from
     /// the compile cache, usually) from its stored bytes.
     async fn prepared(&self, id: &str) -> Result<Arc<Prepared>, String> {
@@ -241,8 +331,14 @@ impl State {
         .cloned()
     }
 
-    /// Starts the persistent mesh `name` with `procs` procs.
-    async fn create_mesh(self: &Arc<Self>, name: &str, procs: u32) -> Result<MeshInfo, String> {
+    /// Starts the persistent mesh `name` with `procs` procs, of principal
+    /// `owner` (None: the server's own).
+    async fn create_mesh(
+        self: &Arc<Self>,
+        name: &str,
+        procs: u32,
+        owner: Option<String>,
+    ) -> Result<MeshInfo, String> {
         let blob_dir = crate::run::blob_dir();
         let (addr, allocator, proc_config): (String, Arc<dyn Allocator>, _) =
             match &self.config.placement {
@@ -296,20 +392,28 @@ impl State {
         let view = MeshView::new(
             name.to_string(),
             None,
-            allocated.into_iter().map(|a| a.proc).collect(),
+            allocated.iter().map(|a| a.proc.clone()).collect(),
         );
+        view.set_pids(allocated.iter().map(|a| a.pid).collect());
         let mut events = client.subscribe();
         let watched = Arc::downgrade(&view);
         // Failures of persistent actor meshes on these procs are the
         // server's: logged and recorded, failing no job.
         let actor_meshes = Arc::downgrade(&self.actor_meshes);
         let mesh_name = name.to_string();
+        let server = Arc::downgrade(self);
+        let mesh_client = Arc::downgrade(&client);
         tokio::spawn(async move {
             while let Some(event) = events.recv().await {
                 let Some(view) = watched.upgrade() else { break };
                 view.take_event(&event);
                 if let Some(actor_meshes) = actor_meshes.upgrade() {
                     actor_meshes.take_event(&mesh_name, &event);
+                }
+                if let hyperactor_mesh::agent::MeshEvent::ProcStopped { proc, reason } = &event
+                    && let (Some(server), Some(client)) = (server.upgrade(), mesh_client.upgrade())
+                {
+                    server.proc_died(&mesh_name, &view, client, proc, reason);
                 }
             }
         });
@@ -318,9 +422,88 @@ impl State {
         self.persistent
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(name.to_string(), Arc::new(PersistentMesh { client, view }));
+            .insert(
+                name.to_string(),
+                Arc::new(PersistentMesh {
+                    client,
+                    view,
+                    owner,
+                    procs,
+                }),
+            );
         tracing::info!(mesh = name, procs, "persistent mesh started");
         Ok(info)
+    }
+
+    /// A proc of the persistent mesh `name` died: unless the mesh is
+    /// being stopped, or the rank died too often (PM-3), a new proc takes
+    /// its rank (PM-2). Jobs holding the old proc see its failure; jobs
+    /// started later get the new one.
+    fn proc_died(
+        self: &Arc<Self>,
+        name: &str,
+        view: &Arc<MeshView>,
+        client: Arc<MeshClient>,
+        proc: &hyperactor::ProcId,
+        reason: &str,
+    ) {
+        // A mesh being stopped (DELETE, the server's stop) stops its procs.
+        let current = self
+            .persistent(name)
+            .is_some_and(|mesh| Arc::ptr_eq(&mesh.view, view));
+        if !current
+            || reason.contains(hyperactor_mesh::comm::STOPPED_BY_OWNER)
+            || client.proc_info(proc).is_some_and(|info| info.stopped)
+        {
+            return;
+        }
+        let rank = match view.should_replace(proc, reason, std::time::Instant::now()) {
+            meshes::Replace::Rank(rank) => rank,
+            meshes::Replace::NotOurs => return,
+            meshes::Replace::StormLimit(rank) => {
+                tracing::error!(
+                    mesh = name,
+                    rank,
+                    %reason,
+                    "persistent mesh {name}: proc {rank} died ({reason}); it died {} times within {} s, so it is left dead",
+                    meshes::STORM_LIMIT + 1,
+                    meshes::STORM_WINDOW.as_secs()
+                );
+                return;
+            }
+        };
+        let name = name.to_string();
+        let view = view.clone();
+        let old = proc.clone();
+        let reason = reason.to_string();
+        tokio::spawn(async move {
+            match client.spawn_procs(1).await {
+                Ok(mut spawned) if spawned.len() == 1 => {
+                    let new = spawned.remove(0);
+                    if view.replace(rank, &old, new.proc.clone(), new.pid, &reason) {
+                        tracing::warn!(
+                            mesh = %name,
+                            rank,
+                            %reason,
+                            "persistent mesh {name}: proc {rank} died ({reason}); replaced"
+                        );
+                    } else {
+                        client.stop_procs(&[new.proc]);
+                    }
+                }
+                Ok(_) => tracing::error!(
+                    mesh = %name,
+                    rank,
+                    "persistent mesh {name}: proc {rank} died ({reason}); its replacement did not start"
+                ),
+                Err(e) => tracing::error!(
+                    mesh = %name,
+                    rank,
+                    error = %e,
+                    "persistent mesh {name}: proc {rank} died ({reason}); cannot start a replacement: {e}"
+                ),
+            }
+        });
     }
 
     /// Stops the persistent mesh `name`, and the persistent actor meshes
@@ -338,21 +521,136 @@ impl State {
         Some(mesh.view.info(true))
     }
 
-    /// The persistent actor meshes, by name.
+    /// Runs again the jobs a restart found queued, in their order (JR-1),
+    /// as they were submitted; one whose persistent mesh is gone fails.
+    fn requeue(self: &Arc<Self>, queued: Vec<db::QueuedJob>) {
+        if queued.is_empty() {
+            return;
+        }
+        let count = queued.len();
+        let mut turns = Vec::new();
+        for job in queued {
+            let target = match &job.mesh {
+                None => jobs::Target::Fresh,
+                Some(name) if self.persistent(name).is_some() => {
+                    jobs::Target::Persistent(name.clone())
+                }
+                Some(name) => {
+                    let why = format!(
+                        "{}: the job was queued for the persistent mesh `{name}`, which is gone",
+                        db::RESTARTED
+                    );
+                    if let Err(e) = self
+                        .db
+                        .finish_job(job.id, api::JobStatus::Failed, Some(&why))
+                    {
+                        tracing::error!(job = job.id, error = %e, "cannot record the job's end");
+                    }
+                    continue;
+                }
+            };
+            let (go, go_rx) = tokio::sync::oneshot::channel();
+            let (queued_tx, queued) = tokio::sync::oneshot::channel();
+            let started = jobs::start_in_turn(
+                self,
+                job.id,
+                &job.owner,
+                job.component,
+                job.args,
+                job.limits,
+                job.grants,
+                target,
+                false,
+                None,
+                Some(jobs::Turn {
+                    go: go_rx,
+                    queued: queued_tx,
+                }),
+            );
+            match started {
+                Ok(()) => turns.push((go, queued)),
+                Err(e) => {
+                    let _ = self.db.finish_job(job.id, api::JobStatus::Failed, Some(&e));
+                }
+            }
+        }
+        // One job at a time takes its place in the queue, in order.
+        tokio::spawn(async move {
+            for (go, queued) in turns {
+                let _ = go.send(());
+                let _ = queued.await;
+            }
+        });
+        tracing::warn!(
+            jobs = count,
+            "requeued {count} jobs submitted before the restart"
+        );
+    }
+
+    /// The persistent actor meshes, by name: those that live, then those
+    /// a restart lost (state `lost`, PM-1) that were not spawned again.
     fn actor_meshes(&self) -> Vec<ActorMeshInfo> {
-        self.actor_meshes
+        let mut all: Vec<ActorMeshInfo> = self
+            .actor_meshes
             .list()
             .iter()
             .map(|m| meshes::actor_mesh_info(m))
-            .collect()
+            .collect();
+        let lost = self.db.lost_actor_meshes().unwrap_or_else(|e| {
+            tracing::error!(error = %e, "cannot read the lost persistent actor meshes");
+            Vec::new()
+        });
+        for (mesh, _) in lost {
+            if all.iter().any(|m| m.name == mesh.name) {
+                continue;
+            }
+            all.push(meshes::lost_actor_mesh_info(mesh));
+        }
+        all
     }
 
-    /// Stops the persistent actor mesh `name`.
+    /// Records the persistent actor meshes that live now, when they
+    /// changed, so that the next start can say which a restart lost.
+    fn sync_actor_meshes(&self, last: &mut Vec<db::ActorMeshRecord>) {
+        let mut live: Vec<db::ActorMeshRecord> = self
+            .actor_meshes
+            .list()
+            .iter()
+            .map(|m| db::ActorMeshRecord {
+                name: m.name.clone(),
+                mesh: m.proc_mesh.clone(),
+                class: m.class.clone(),
+                spawned_by: m.spawned_by.clone(),
+                extent: m.extent(),
+            })
+            .collect();
+        live.sort_by(|a, b| a.name.cmp(&b.name));
+        if live == *last {
+            return;
+        }
+        match self.db.sync_actor_meshes(&live) {
+            Ok(()) => *last = live,
+            Err(e) => tracing::error!(error = %e, "cannot record the persistent actor meshes"),
+        }
+    }
+
+    /// Stops the persistent actor mesh `name`, or forgets it if a restart
+    /// lost it.
     async fn stop_actor_mesh(&self, name: &str) -> Option<ActorMeshInfo> {
         let why =
             format!("the persistent actor mesh `{name}` was stopped (DELETE /v1/meshes/{name})");
-        let mesh = self.actor_meshes.stop(name, &why).await?;
-        Some(meshes::actor_mesh_info(&mesh))
+        if let Some(mesh) = self.actor_meshes.stop(name, &why).await {
+            return Some(meshes::actor_mesh_info(&mesh));
+        }
+        let lost = self.actor_meshes().into_iter().find(|m| m.name == name)?;
+        match self.db.forget_lost_actor_mesh(name) {
+            Ok(true) => Some(lost),
+            Ok(false) => None,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot forget a lost persistent actor mesh");
+                None
+            }
+        }
     }
 }
 
@@ -390,24 +688,36 @@ impl Server {
     /// Opens the data directory, starts the configured meshes, and
     /// listens. Refuses a non-loopback address without a token.
     pub async fn start(mut config: ServeConfig) -> Result<Server, String> {
-        if config.token.is_none() && !config.listen.ip().is_loopback() {
+        if config.token.is_none()
+            && config.tokens_file.is_none()
+            && !config.listen.ip().is_loopback()
+        {
             return Err(format!(
-                "refusing to serve on {} without a token: anyone who reaches it could run code here. Pass --token-file, or listen on 127.0.0.1",
+                "refusing to serve on {} without a token: anyone who reaches it could run code here. Pass --tokens-file (or --token-file), or listen on 127.0.0.1",
                 config.listen
             ));
         }
-        // One token per line; blank lines and `#` comments are skipped.
-        let tokens: Vec<ClusterToken> = match &config.token {
-            Some(text) => text
-                .lines()
-                .map(str::trim)
-                .filter(|line| !line.is_empty() && !line.starts_with('#'))
-                .filter_map(ClusterToken::new)
-                .collect(),
-            None => Vec::new(),
-        };
-        if config.token.is_some() && tokens.is_empty() {
-            return Err("the token file holds no token".into());
+        let mut principals = Principals::default();
+        if let Some(text) = &config.token {
+            principals.add_legacy(text, config.quota)?;
+            if principals.is_empty() {
+                return Err("the token file holds no token".into());
+            }
+        }
+        if let Some(path) = &config.tokens_file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("--tokens-file {}: {e}", path.display()))?;
+            let before = principals.len();
+            principals.add_file(path, &text, config.quota)?;
+            if principals.len() == before {
+                return Err(format!(
+                    "{}: the tokens file names no principal; write `NAME ROLE TOKEN` lines (ROLE admin or user)",
+                    path.display()
+                ));
+            }
+        }
+        for (name, role) in principals.summary() {
+            tracing::info!(principal = %name, role, "principal");
         }
         config.allowed_dirs = config
             .allowed_dirs
@@ -424,11 +734,11 @@ impl Server {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
-        let (db, interrupted) = Db::open(&config.data.join("state.db"))?;
-        if interrupted > 0 {
+        let (db, recovered) = Db::open(&config.data.join("state.db"))?;
+        if recovered.failed > 0 {
             tracing::warn!(
-                jobs = interrupted,
-                "jobs left unfinished by the last run were marked failed"
+                jobs = recovered.failed,
+                "jobs left running by the last run were marked failed (server restarted)"
             );
         }
         // Jobs' controllers, of programs not known yet (their actors run in
@@ -444,13 +754,11 @@ impl Server {
             .await
             .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        // Log streams write small events: without TCP_NODELAY an event
-        // after the headers waits ~40 ms for a delayed ACK.
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
         let state = Arc::new(State {
-            tokens,
+            principals,
+            anonymous: Arc::new(principals::Principal::anonymous(config.quota)),
+            rate: RateLimiter::new(config.rate_limit),
+            admission: Mutex::new(()),
             sessions: Default::default(),
             db,
             engine,
@@ -465,28 +773,88 @@ impl Server {
             counters: JobCounters::default(),
             uploads: UploadCounters::default(),
             unauthorized: AtomicU64::new(0),
+            rate_limited: AtomicU64::new(0),
             meshes_made: AtomicU64::new(0),
             config,
         });
+        for (name, _) in &state.config.meshes {
+            meshes::validate_mesh_name(name)?;
+        }
+        // The persistent meshes of the last run come back first (PM-1),
+        // with new procs; a `--mesh` of a recorded name is that mesh.
+        for record in state.db.recorded_meshes()? {
+            match state
+                .create_mesh(&record.name, record.procs, record.owner.clone())
+                .await
+            {
+                Ok(_) => tracing::warn!(
+                    mesh = %record.name,
+                    procs = record.procs,
+                    "restored persistent mesh {} ({} procs)",
+                    record.name,
+                    record.procs
+                ),
+                // One this start's `--mesh` asks for must start, as
+                // a new one must.
+                Err(e) if state.config.meshes.iter().any(|(n, _)| *n == record.name) => {
+                    return Err(format!("mesh `{}`: {e}", record.name));
+                }
+                Err(e) => tracing::error!(
+                    mesh = %record.name,
+                    error = %e,
+                    "cannot restore the persistent mesh {}: {e}",
+                    record.name
+                ),
+            }
+        }
         for (name, procs) in state.config.meshes.clone() {
-            meshes::validate_mesh_name(&name)?;
+            if let Some(mesh) = state.persistent(&name) {
+                if mesh.procs != procs {
+                    tracing::warn!(
+                        mesh = %name,
+                        "--mesh {name}={procs}: the mesh was restored with its recorded {} procs; DELETE /v1/meshes/{name} and restart to change it",
+                        mesh.procs
+                    );
+                }
+                continue;
+            }
             state
-                .create_mesh(&name, procs)
+                .create_mesh(&name, procs, None)
                 .await
                 .map_err(|e| format!("mesh `{name}`: {e}"))?;
+            state.db.record_mesh(&db::MeshRecord {
+                name: name.clone(),
+                procs,
+                owner: None,
+                origin: "flag".into(),
+                created_at_ms: db::now_ms(),
+            })?;
         }
-        let router = handlers::router(state.clone());
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            let served = axum::serve(listener, router)
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.await;
-                })
-                .await;
-            if let Err(e) = served {
-                tracing::error!(error = %e, "the HTTP server failed");
+        state.requeue(recovered.queued);
+        // What persistent actor meshes live is written down within a
+        // second of a change, for the next start to say they were lost.
+        let watched = Arc::downgrade(&state);
+        tokio::spawn(async move {
+            let mut last = Vec::new();
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let Some(state) = watched.upgrade() else {
+                    break;
+                };
+                state.sync_actor_meshes(&mut last);
             }
         });
+        let router = handlers::router(state.clone());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let header_timeout = state.config.header_timeout;
+        let task = tokio::spawn(listen::serve(
+            listener,
+            router,
+            header_timeout,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
         tracing::info!(%addr, "serving");
         Ok(Server {
             addr,

@@ -5,8 +5,10 @@
 //! live on the server; a console attaches to its stream and detaches at
 //! will, so a session outlives its clients.
 //!
-//! - SS-1: a session belongs to the token that opened it; any other token
-//!   gets 403 from every route of it.
+//! - SS-1: a session belongs to the principal that opened it; any other
+//!   gets 403 from every route of it, an admin too (a console is its
+//!   owner's terminal), except that an admin lists every session and may
+//!   close one (`DELETE`).
 //! - SS-2: a console that attaches gets, first, what was printed since the
 //!   session's last input began (`hello`), then every line and result as
 //!   it happens, in the order the session made them.
@@ -23,7 +25,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Extension;
-use axum::body::Bytes;
 use axum::extract::{Path, State as With};
 use axum::http::StatusCode;
 use axum::response::Response;
@@ -34,10 +35,11 @@ use super::State;
 use super::api::*;
 use super::db::{self, SessionRow};
 use super::handlers::{
-    Answer, Caller, Fail, fail, internal, is_component_id, limits, ok, parse_json, sse,
+    Answer, Caller, Fail, JsonBody, fail, internal, job_cost, limits, ok, parse_json, sse,
+    usable_component, usable_mesh,
 };
 use super::jobs::{self, SessionStart, Target};
-use super::meshes::validate_mesh_name;
+use super::quotas;
 use crate::host::LogSink;
 use crate::session::{ConsoleFlag, Input, InputDone, SessionDriver};
 
@@ -227,12 +229,24 @@ fn validate_session_name(name: &str) -> Result<(), String> {
 /// The running session `name`, if the caller owns it (SS-1); an ended
 /// one is 410 with why it ended.
 fn owned(state: &State, caller: &Caller, name: &str) -> Result<Arc<Session>, Fail> {
+    reachable(state, caller, name, false)
+}
+
+/// The running session `name`, if the caller owns it, or (`admin_too`)
+/// is an admin (SS-1).
+fn reachable(
+    state: &State,
+    caller: &Caller,
+    name: &str,
+    admin_too: bool,
+) -> Result<Arc<Session>, Fail> {
     validate_session_name(name).map_err(|e| fail(StatusCode::BAD_REQUEST, e))?;
+    let mine = |owner: &str| owner == caller.name() || (admin_too && caller.0.is_admin());
     match state.sessions.get(name) {
-        Some(session) if session.owner == caller.0 => Ok(session),
+        Some(session) if mine(&session.owner) => Ok(session),
         Some(_) => Err(forbidden(name)),
         None => match state.db.session(name).map_err(internal)? {
-            Some(row) if row.owner != caller.0 => Err(forbidden(name)),
+            Some(row) if !mine(&row.owner) => Err(forbidden(name)),
             Some(row) => Err(fail(
                 StatusCode::GONE,
                 format!(
@@ -252,7 +266,7 @@ fn owned(state: &State, caller: &Caller, name: &str) -> Result<Arc<Session>, Fai
 fn forbidden(name: &str) -> Fail {
     fail(
         StatusCode::FORBIDDEN,
-        format!("the session `{name}` belongs to another token"),
+        format!("the session `{name}` belongs to another token (principal)"),
     )
 }
 
@@ -317,14 +331,16 @@ async fn store_component(state: &Arc<State>, bytes: Vec<u8>) -> Result<String, S
     responses(
         (status = 201, description = "It runs and waits for input", body = SessionInfo),
         (status = 400, body = ApiError),
-        (status = 404, description = "No such component or mesh", body = ApiError),
-        (status = 409, description = "The name is taken", body = ApiError)
+        (status = 403, description = "The persistent mesh is another principal's", body = ApiError),
+        (status = 404, description = "No such component (of the caller's) or mesh", body = ApiError),
+        (status = 409, description = "The name is taken", body = ApiError),
+        (status = 429, description = "Over the caller's quota", body = ApiError)
     )
 )]
 pub(super) async fn create(
     With(state): With<Arc<State>>,
     Extension(caller): Extension<Caller>,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> Answer<SessionInfo> {
     let request: SessionRequest = parse_json(&body, "session request")?;
     if let Some(name) = &request.name {
@@ -336,18 +352,7 @@ pub(super) async fn create(
     let component = match &request.component {
         None => builtin_component(&state).await?,
         Some(id) => {
-            if !is_component_id(id) {
-                return Err(fail(
-                    StatusCode::BAD_REQUEST,
-                    format!("`{}` is not a component id", id.escape_debug()),
-                ));
-            }
-            if state.db.component(id).map_err(internal)?.is_none() {
-                return Err(fail(
-                    StatusCode::NOT_FOUND,
-                    format!("no component {id} on this server; upload it first"),
-                ));
-            }
+            usable_component(&state, &caller, id)?;
             id.clone()
         }
     };
@@ -367,13 +372,7 @@ pub(super) async fn create(
     let target = match &request.mesh {
         None => Target::Fresh,
         Some(name) => {
-            validate_mesh_name(name).map_err(|e| fail(StatusCode::BAD_REQUEST, e))?;
-            if state.persistent(name).is_none() {
-                return Err(fail(
-                    StatusCode::NOT_FOUND,
-                    format!("no persistent mesh named `{name}`; create it with POST /v1/meshes"),
-                ));
-            }
+            usable_mesh(&state, &caller, name)?;
             Target::Persistent(name.clone())
         }
     };
@@ -382,9 +381,14 @@ pub(super) async fn create(
         .idle_ttl_s
         .map(|s| Duration::from_secs(s.max(1)))
         .unwrap_or(state.config.session_idle_ttl);
+    // The quota is checked, and the session's job recorded and started,
+    // as one step (QU-2).
+    let admission = state.admission.lock().unwrap_or_else(|p| p.into_inner());
+    quotas::check(&state, &caller.0, job_cost(&limits, &target))?;
     let job = state
         .db
         .insert_job(
+            caller.name(),
             &component,
             &request.args,
             request.mesh.as_deref(),
@@ -396,7 +400,7 @@ pub(super) async fn create(
     let row = SessionRow {
         name: name.clone(),
         job,
-        owner: caller.0.clone(),
+        owner: caller.name().to_string(),
         mesh: request.mesh.clone(),
         idle_ttl_s: idle_ttl.as_secs(),
         state: "active".into(),
@@ -417,7 +421,7 @@ pub(super) async fn create(
     let session = Arc::new(Session {
         name: name.clone(),
         job,
-        owner: caller.0.clone(),
+        owner: caller.name().to_string(),
         mesh: request.mesh.clone(),
         idle_ttl,
         created_at_ms: row.created_at_ms,
@@ -466,6 +470,7 @@ pub(super) async fn create(
     let started = jobs::start(
         &state,
         job,
+        caller.name(),
         component,
         request.args,
         limits,
@@ -478,6 +483,7 @@ pub(super) async fn create(
             on_end: Some(on_end),
         })),
     );
+    drop(admission);
     if let Err(e) = started {
         state.sessions.lock().remove(&name);
         let _ = state.db.end_session(&name, "failed", &e);
@@ -492,7 +498,7 @@ pub(super) async fn create(
                 .last_active
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()) = Instant::now();
-            tracing::info!(session = %name, job, owner = %caller.0, "session opened");
+            tracing::info!(session = %name, job, owner = %caller.name(), "session opened");
             ok(StatusCode::CREATED, session.info(&state))
         }
         Ok(Ok(Err(why))) => Err(fail(StatusCode::UNPROCESSABLE_ENTITY, why)),
@@ -559,17 +565,27 @@ fn ended(state: &State, session: &Session, status: JobStatus, error: Option<Stri
     }
 }
 
-/// Lists sessions: running ones, then ended ones, newest first.
+/// Lists sessions: running ones, then ended ones, newest first; a user's
+/// own, or every one for an admin.
 #[utoipa::path(get, path = "/v1/sessions", responses((status = 200, body = SessionList)))]
-pub(super) async fn list(With(state): With<Arc<State>>) -> Answer<SessionList> {
-    let running: Vec<Arc<Session>> = state.sessions.lock().values().cloned().collect();
+pub(super) async fn list(
+    With(state): With<Arc<State>>,
+    Extension(caller): Extension<Caller>,
+) -> Answer<SessionList> {
+    let running: Vec<Arc<Session>> = state
+        .sessions
+        .lock()
+        .values()
+        .filter(|s| caller.may_see(Some(&s.owner)))
+        .cloned()
+        .collect();
     let mut sessions: Vec<SessionInfo> = running.iter().map(|s| s.info(&state)).collect();
     sessions.sort_by_key(|s| std::cmp::Reverse(s.created_at_ms));
     let ended = state.db.sessions(100).map_err(internal)?;
     sessions.extend(
         ended
             .into_iter()
-            .filter(|row| row.state != "active")
+            .filter(|row| row.state != "active" && caller.may_see(Some(&row.owner)))
             .map(row_info),
     );
     ok(StatusCode::OK, SessionList { sessions })
@@ -622,7 +638,7 @@ pub(super) async fn close(
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> Answer<SessionInfo> {
-    let session = owned(&state, &caller, &name)?;
+    let session = reachable(&state, &caller, &name, true)?;
     let mut events = session
         .out
         .lock()
@@ -631,7 +647,11 @@ pub(super) async fn close(
         .subscribe();
     session.close_inputs();
     if let Some(live) = state.live().get(&session.job).cloned() {
-        live.cancel("closed by its owner".into());
+        let why = match session.owner == caller.name() {
+            true => "closed by its owner".to_string(),
+            false => format!("closed by the admin `{}`", caller.name()),
+        };
+        live.cancel(why);
     }
     // Wait for its end (its procs stopped), a while.
     let _ = tokio::time::timeout(Duration::from_secs(30), async {
@@ -667,7 +687,7 @@ pub(super) async fn input(
     With(state): With<Arc<State>>,
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> Answer<InputReply> {
     let request: InputRequest = parse_json(&body, "input")?;
     let session = owned(&state, &caller, &name)?;
