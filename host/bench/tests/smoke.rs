@@ -9,14 +9,20 @@ use std::time::{Duration, Instant};
 const BIN: &str = env!("CARGO_BIN_EXE_monarch-bench");
 
 /// Every metric of the runtime suite, with its unit.
-const RUNTIME_METRICS: [(&str, &str); 7] = [
+const RUNTIME_METRICS: [(&str, &str); 13] = [
     ("inproc_call_rtt_us", "us"),
     ("ipc_call_rtt_us", "us"),
     ("tcp_call_rtt_us", "us"),
+    ("tcp_tls_call_rtt_us", "us"),
     ("raw_unix_rtt_us", "us"),
     ("raw_tcp_rtt_us", "us"),
     ("ipc_calls_per_s", "calls/s"),
     ("oneway_msgs_per_s", "msgs/s"),
+    ("oneway_peak_queued_mib", "MiB"),
+    ("tcp_calls_per_s", "calls/s"),
+    ("tcp_oneway_msgs_per_s", "msgs/s"),
+    ("tcp_tls_calls_per_s", "calls/s"),
+    ("tcp_tls_oneway_msgs_per_s", "msgs/s"),
 ];
 
 /// Every metric of the mesh suite, with its unit.
