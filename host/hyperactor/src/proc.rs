@@ -504,7 +504,7 @@ impl Proc {
                 .links
                 .lock()
                 .values()
-                .filter(|link| link.unacked_bytes() >= self.0.config.link_window)
+                .filter(|link| link.over_window())
                 .cloned()
                 .collect();
             if full.is_empty() {

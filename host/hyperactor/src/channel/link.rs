@@ -298,6 +298,12 @@ impl<T: Send + 'static> Link<T> {
         }
     }
 
+    /// Whether the link holds its window or more, so that [`Link::ready`]
+    /// would wait (LK-8).
+    pub(crate) fn over_window(&self) -> bool {
+        self.state.lock().over_window
+    }
+
     /// The unacknowledged bytes this link holds now (LK-8).
     pub(crate) fn unacked_bytes(&self) -> usize {
         self.state.lock().unacked_bytes
