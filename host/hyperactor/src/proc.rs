@@ -48,8 +48,8 @@ use crate::actor::{self, Actor, ActorHandle, Owner, meta_for};
 use crate::channel::frame::{
     FrameError, FrameKind, FrameReader, HEADER_LEN, finish_frame, frame_buffer, small_frame,
 };
-use crate::channel::link::{Link, LinkConfig};
-use crate::channel::transport::{Conn, Listener, WriteHalf};
+use crate::channel::link::{Link, LinkConfig, Reader};
+use crate::channel::transport::{Conn, Listener, ReadHalf, WriteHalf};
 use crate::channel::{ChannelAddr, ChannelStats};
 use crate::failure::{ActorSupervisionEvent, DeliveryFailure, Undeliverable};
 use crate::id::{ActorId, ArchivedPortId, IdParseError, PortId, ProcId, validate_name};
@@ -742,6 +742,15 @@ impl Proc {
         {
             return link.clone();
         }
+        let link = self.new_link(addr, true);
+        links.insert(addr.clone(), link.clone());
+        self.0.runtime.spawn(link.clone().run());
+        link
+    }
+
+    /// A link to `addr`, not started; `dials`: whether it connects by
+    /// itself or waits to adopt its peer's connection (LK-9).
+    fn new_link(&self, addr: &ChannelAddr, dials: bool) -> Arc<Link<Option<Meta>>> {
         let weak = Arc::downgrade(&self.0);
         let on_dead = Box::new(
             move |addr: &ChannelAddr, undelivered: Vec<Option<Meta>>, reason: String| {
@@ -750,9 +759,28 @@ impl Proc {
                 }
             },
         );
+        let weak = Arc::downgrade(&self.0);
+        let max_frame_size = self.0.config.max_frame_size;
+        let reader: Reader<Option<Meta>> = Box::new(move |rd, link, generation| {
+            let weak = weak.clone();
+            Box::pin(async move {
+                let reader = FrameReader::new(max_frame_size);
+                let sink = Sink::Link(link, generation);
+                match serve_connection(weak.clone(), reader, rd, sink, None).await {
+                    Ok(()) => "the connection ended".to_string(),
+                    Err(e) => {
+                        if let Some(inner) = weak.upgrade() {
+                            connection_failed(&Proc(inner), &e);
+                        }
+                        e.to_string()
+                    }
+                }
+            })
+        });
         let config = LinkConfig {
             delivery_timeout: self.0.config.delivery_timeout,
             window_bytes: self.0.config.link_window.max(1),
+            dials,
         };
         // The handshake names this proc, and carries the cluster token
         // after a newline when there is one (PR-6).
@@ -761,17 +789,54 @@ impl Proc {
             hello.push('\n');
             hello.push_str(token.expose());
         }
-        let link = Link::new(
+        Link::new(
             addr.clone(),
             new_session_id(),
             &hello,
             config,
             self.0.stats.clone(),
             on_dead,
-        );
-        links.insert(addr.clone(), link.clone());
-        self.0.runtime.spawn(link.clone().run());
-        link
+            reader,
+        )
+    }
+
+    /// PR-10: a connection from the proc `from` (its hello said so) becomes
+    /// the transport of this proc's link back to it, unless that link keeps
+    /// a connection it dialed (LK-9). The sink the connection's reader
+    /// writes through either way.
+    fn adopt(&self, from: &str, wr: WriteHalf) -> Sink {
+        let Ok(peer) = from.parse::<ProcId>() else {
+            // Not a proc (a tool, a test): its connection is only read.
+            return Sink::Direct(wr);
+        };
+        let addr = peer.addr();
+        if addr == self.0.id.addr() {
+            return Sink::Direct(wr);
+        }
+        let peer_is_smaller = from < self.0.id.to_string().as_str();
+        let wr = Arc::new(wr);
+        let mut links = self.0.links.lock();
+        let (link, fresh) = match links.get(addr) {
+            Some(link) if !link.is_dead() => (link.clone(), false),
+            _ => (self.new_link(addr, false), true),
+        };
+        match link.adopt(wr.clone(), peer_is_smaller) {
+            Some(generation) => {
+                if fresh {
+                    links.insert(addr.clone(), link.clone());
+                    self.0.runtime.spawn(link.clone().run());
+                }
+                Sink::Link(link, generation)
+            }
+            None => {
+                drop(links);
+                match Arc::try_unwrap(wr) {
+                    Ok(wr) => Sink::Direct(wr),
+                    // Not kept by a link that refused it: unreachable.
+                    Err(_) => Sink::Closed,
+                }
+            }
+        }
     }
 
     fn link_died(&self, addr: &ChannelAddr, undelivered: Vec<Option<Meta>>, reason: String) {
@@ -991,22 +1056,11 @@ async fn accept_loop(
                 let proc = Proc(inner);
                 let runtime = proc.0.runtime.clone();
                 runtime.spawn(async move {
-                    match receive(proc.clone(), conn).await {
-                        Ok(()) => {}
-                        // The peer went away (it exited, or was stopped):
-                        // not a bad frame, and nothing to warn about.
-                        Err(FrameError::Io(e)) if peer_gone(&e) => {
-                            tracing::debug!(proc = %proc.0.id, error = %e, "a peer closed its connection");
-                        }
-                        // Connected and closed without a byte: a TCP probe
-                        // (a readiness check, a port scan), not a peer.
-                        Err(FrameError::Truncated(0)) => {
-                            tracing::debug!(proc = %proc.0.id, "a connection closed before its hello");
-                        }
-                        Err(e) => {
-                            proc.0.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(proc = %proc.0.id, error = %e, "closed a connection after a bad frame");
-                        }
+                    let weak = Arc::downgrade(&proc.0);
+                    if let Err(e) = receive(proc, conn).await
+                        && let Some(inner) = weak.upgrade()
+                    {
+                        connection_failed(&Proc(inner), &e);
                     }
                 });
             }
@@ -1014,6 +1068,27 @@ async fn accept_loop(
                 tracing::warn!(proc = %inner.id, error = %e, "accept failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
+        }
+    }
+}
+
+/// Counts a connection that ended on an error: a bad frame is counted and
+/// logged; a peer that went away is not a bad frame.
+fn connection_failed(proc: &Proc, e: &FrameError) {
+    match e {
+        // The peer went away (it exited, or was stopped): not a bad frame,
+        // and nothing to warn about.
+        FrameError::Io(e) if peer_gone(e) => {
+            tracing::debug!(proc = %proc.0.id, error = %e, "a peer closed its connection");
+        }
+        // Connected and closed without a byte: a TCP probe (a readiness
+        // check, a port scan), not a peer.
+        FrameError::Truncated(0) => {
+            tracing::debug!(proc = %proc.0.id, "a connection closed before its hello");
+        }
+        e => {
+            proc.0.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(proc = %proc.0.id, error = %e, "closed a connection after a bad frame");
         }
     }
 }
@@ -1027,33 +1102,101 @@ fn peer_gone(e: &std::io::Error) -> bool {
     )
 }
 
-/// Serves one incoming connection: hello, then data frames in sequence
-/// order, acknowledged in batches. Returns an error for a bad frame, which
+/// How a connection's reader writes its acknowledgements: straight to a
+/// connection only it uses, or through the link that owns the connection,
+/// in order with that link's frames (LK-9).
+enum Sink {
+    Direct(WriteHalf),
+    Link(Arc<Link<Option<Meta>>>, u64),
+    /// Nothing may be written: the connection is closing.
+    Closed,
+}
+
+impl Sink {
+    /// Writes `frame`; false when the connection is no longer this
+    /// reader's to write (a link replaced or ended it).
+    async fn write(&self, frame: &[u8]) -> Result<bool, FrameError> {
+        match self {
+            Sink::Direct(wr) => {
+                wr.write_all(frame).await?;
+                Ok(true)
+            }
+            Sink::Link(link, generation) => Ok(link.control(*generation, frame)),
+            Sink::Closed => Ok(false),
+        }
+    }
+
+    async fn ack(&self, seq: u64) -> Result<bool, FrameError> {
+        self.write(&small_frame(FrameKind::Ack, seq, &[])).await
+    }
+}
+
+/// The sender's session a connection carries to this proc, from its
+/// hello; it counts as an open connection of that session until dropped
+/// (PR-8).
+struct PeerSession {
+    id: u64,
+    from: String,
+    last: Session,
+    /// A session this proc has never seen whose first frame is numbered
+    /// past 1 began with an earlier incarnation of this proc (PR-7).
+    fresh: bool,
+    proc: Weak<ProcInner>,
+}
+
+impl PeerSession {
+    fn open(proc: &Proc, id: u64, from: String) -> PeerSession {
+        let fresh = !proc.0.sessions.lock().contains_key(&id);
+        PeerSession {
+            id,
+            from,
+            last: proc.session(id),
+            fresh,
+            proc: Arc::downgrade(&proc.0),
+        }
+    }
+}
+
+impl Drop for PeerSession {
+    fn drop(&mut self) {
+        if let Some(inner) = self.proc.upgrade() {
+            Proc(inner).session_closed(self.id);
+        }
+    }
+}
+
+/// Reads a hello body, `PROC_ID[\nTOKEN]`: the sender's proc id, once its
+/// token is checked against this proc's (PR-6).
+fn check_hello(proc: &Proc, body: &[u8]) -> Result<String, FrameError> {
+    let (from, token) = match body.iter().position(|&b| b == b'\n') {
+        Some(at) => (&body[..at], Some(&body[at + 1..])),
+        None => (body, None),
+    };
+    if let Some(required) = &proc.0.config.cluster_token
+        && !token.is_some_and(|token| required.matches(token))
+    {
+        return Err(FrameError::Invalid(format!(
+            "{} did not present this cluster's token",
+            String::from_utf8_lossy(from)
+        )));
+    }
+    Ok(String::from_utf8_lossy(from).into_owned())
+}
+
+/// Serves one incoming connection: its hello, then whatever it carries
+/// (see [`serve_connection`]). Returns an error for a bad frame, which
 /// closes only this connection (PR-2).
 async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
     // A TCP connection's TLS handshake, here and not in the accept loop (TL-3).
     let (mut rd, wr) = conn.accept_tls().await?.into_split()?;
     let mut reader = FrameReader::new(proc.0.config.max_frame_size);
-    let hello = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+    let (session_id, from) = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
         loop {
             if let Some((header, body)) = reader.next_frame()? {
                 if header.kind != FrameKind::Hello {
                     return Err(FrameError::BadKind(header.kind as u8));
                 }
-                let body = reader.body(body);
-                let (from, token) = match body.iter().position(|&b| b == b'\n') {
-                    Some(at) => (&body[..at], Some(&body[at + 1..])),
-                    None => (body, None),
-                };
-                if let Some(required) = &proc.0.config.cluster_token
-                    && !token.is_some_and(|token| required.matches(token))
-                {
-                    return Err(FrameError::Invalid(format!(
-                        "{} did not present this cluster's token",
-                        String::from_utf8_lossy(from)
-                    )));
-                }
-                return Ok((header.seq, String::from_utf8_lossy(from).into_owned()));
+                return Ok((header.seq, check_hello(&proc, reader.body(body))?));
             }
             if !reader.fill(&mut rd).await? {
                 return Err(FrameError::Truncated(0));
@@ -1062,88 +1205,171 @@ async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
     })
     .await
     .map_err(|_| FrameError::Invalid("no hello within the handshake timeout".into()))??;
-    let (session_id, from) = hello;
     tracing::debug!(proc = %proc.0.id, %from, "accepted a link");
-    // A session this proc has never seen whose first frame is numbered
-    // past 1 began with an earlier incarnation of this proc (PR-7).
-    let mut fresh = !proc.0.sessions.lock().contains_key(&session_id);
-    let session = proc.session(session_id);
-    // However this connection ends, its session counts one fewer (PR-8).
-    struct Closing(Proc, u64);
-    impl Drop for Closing {
+    let sink = proc.adopt(&from, wr);
+    let session = PeerSession::open(&proc, session_id, from);
+    let weak = Arc::downgrade(&proc.0);
+    drop(proc);
+    serve_connection(weak, reader, rd, sink, Some(session)).await
+}
+
+/// Serves a connection after its handshake, accepted or dialed: the
+/// peer's data frames in sequence order, acknowledged in batches through
+/// `sink`, and, when a link of this proc writes on it, the acknowledgements
+/// of that link's frames (LK-9). `session`: the peer's sending session
+/// when its hello came first; on a dialed connection the peer says its
+/// hello before its first data frame, if it sends any. Holds the proc only
+/// while handling frames, never while it waits, so a proc with open
+/// connections can still end.
+async fn serve_connection(
+    weak: Weak<ProcInner>,
+    mut reader: FrameReader,
+    mut rd: ReadHalf,
+    sink: Sink,
+    mut session: Option<PeerSession>,
+) -> Result<(), FrameError> {
+    let stats = match weak.upgrade() {
+        Some(inner) => inner.stats.clone(),
+        None => return Ok(()),
+    };
+    // Counted down however the reading ends: a dialed connection's reader
+    // is dropped when its link lets the connection go.
+    struct Open(Arc<ChannelStats>);
+    impl Drop for Open {
         fn drop(&mut self) {
-            self.0.session_closed(self.1);
+            self.0.open_connections.fetch_sub(1, Ordering::Relaxed);
         }
     }
-    let _closing = Closing(proc.clone(), session_id);
+    stats.open_connections.fetch_add(1, Ordering::Relaxed);
+    let _open = Open(stats);
+    let result = serve_frames(&weak, &mut reader, &mut rd, &sink, &mut session).await;
+    if let Sink::Link(link, generation) = &sink {
+        link.detach(*generation);
+    }
+    result
+}
+
+async fn serve_frames(
+    weak: &Weak<ProcInner>,
+    reader: &mut FrameReader,
+    rd: &mut ReadHalf,
+    sink: &Sink,
+    session: &mut Option<PeerSession>,
+) -> Result<(), FrameError> {
+    let (config, mut shutdown) = match weak.upgrade() {
+        Some(inner) => (inner.config.clone(), inner.shutdown.subscribe()),
+        None => return Ok(()),
+    };
     let mut type_names = TypeNames::default();
     let mut delivered = 0u64;
     let mut acked = 0u64;
     let mut ack_deadline: Option<tokio::time::Instant> = None;
-    let mut shutdown = proc.0.shutdown.subscribe();
-    let mut pace = Pace::new(proc.0.config.busy_poll, SPIN_MAX);
+    let mut pace = Pace::new(config.busy_poll, SPIN_MAX);
     loop {
         let mut full: Option<Arc<Backlog>> = None;
-        while let Some((header, body)) = reader.next_frame()? {
-            if header.kind != FrameKind::Data {
-                return Err(FrameError::BadKind(header.kind as u8));
-            }
-            if fresh && header.seq > 1 {
-                proc.0.sessions.lock().remove(&session_id);
-                tracing::info!(proc = %proc.0.id, %from, seq = header.seq, "a peer's link began with an earlier incarnation of this proc; told it so");
-                let _ = wr
-                    .write_all(&small_frame(FrameKind::Restarted, 0, &[]))
-                    .await;
+        // The sender is writing again what it holds unacknowledged: tell it
+        // at once what arrived, rather than after the ack interval.
+        let mut resent = false;
+        {
+            let Some(inner) = weak.upgrade() else {
                 return Ok(());
-            }
-            fresh = false;
-            let bytes = reader.body(body);
-            let mut last = session.lock();
-            if header.seq <= *last {
-                // Delivered on an earlier connection whose ack was lost: drop
-                // it, and acknowledge it here so that the sender lets it go.
-                proc.0
-                    .stats
-                    .duplicates_dropped
-                    .fetch_add(1, Ordering::Relaxed);
-                delivered = delivered.max(header.seq);
-            } else if header.seq != *last + 1 {
-                return Err(FrameError::Invalid(format!(
-                    "sequence gap: expected {}, got {}",
-                    *last + 1,
-                    header.seq
-                )));
-            } else {
-                let envelope = rkyv::access::<ArchivedEnvelope, rancor::Error>(bytes)
-                    .map_err(|e| FrameError::Invalid(e.to_string()))?;
-                full = proc.deliver_archived(bytes, envelope, &mut type_names)?;
-                *last = header.seq;
-                delivered = header.seq;
-            }
-            if ack_deadline.is_none() && delivered > acked {
-                ack_deadline = Some(tokio::time::Instant::now() + proc.0.config.ack_interval);
+            };
+            let proc = Proc(inner);
+            while let Some((header, body)) = reader.next_frame()? {
+                match header.kind {
+                    FrameKind::Data => {}
+                    FrameKind::Ack => {
+                        // The peer acknowledges the frames of the link that
+                        // writes here (LK-9); a connection only read here
+                        // carries none.
+                        if let Sink::Link(link, _) = sink {
+                            link.acked(header.seq);
+                        }
+                        continue;
+                    }
+                    FrameKind::Restarted => {
+                        if let Sink::Link(link, _) = sink {
+                            link.restarted();
+                        }
+                        return Ok(());
+                    }
+                    FrameKind::Hello if session.is_none() => {
+                        let from = check_hello(&proc, reader.body(body))?;
+                        tracing::debug!(proc = %proc.0.id, %from, "a dialed connection carries its peer's link too");
+                        *session = Some(PeerSession::open(&proc, header.seq, from));
+                        continue;
+                    }
+                    other => return Err(FrameError::BadKind(other as u8)),
+                }
+                let Some(peer) = session.as_mut() else {
+                    return Err(FrameError::Invalid("a data frame before the hello".into()));
+                };
+                if peer.fresh && header.seq > 1 {
+                    proc.0.sessions.lock().remove(&peer.id);
+                    tracing::info!(proc = %proc.0.id, from = %peer.from, seq = header.seq, "a peer's link began with an earlier incarnation of this proc; told it so");
+                    let _ = sink.write(&small_frame(FrameKind::Restarted, 0, &[])).await;
+                    return Ok(());
+                }
+                peer.fresh = false;
+                let bytes = reader.body(body);
+                let mut last = peer.last.lock();
+                if header.seq <= *last {
+                    // Delivered on an earlier connection whose ack was lost: drop
+                    // it, and acknowledge it here so that the sender lets it go.
+                    proc.0
+                        .stats
+                        .duplicates_dropped
+                        .fetch_add(1, Ordering::Relaxed);
+                    delivered = delivered.max(header.seq);
+                    resent = true;
+                } else if header.seq != *last + 1 {
+                    return Err(FrameError::Invalid(format!(
+                        "sequence gap: expected {}, got {}",
+                        *last + 1,
+                        header.seq
+                    )));
+                } else {
+                    let envelope = rkyv::access::<ArchivedEnvelope, rancor::Error>(bytes)
+                        .map_err(|e| FrameError::Invalid(e.to_string()))?;
+                    full = proc.deliver_archived(bytes, envelope, &mut type_names)?;
+                    *last = header.seq;
+                    delivered = header.seq;
+                }
+                drop(last);
+                if ack_deadline.is_none() && delivered > acked {
+                    ack_deadline = Some(tokio::time::Instant::now() + config.ack_interval);
+                }
+                if full.is_some() {
+                    break;
+                }
             }
             if full.is_some() {
-                break;
+                proc.0.stats.paused_reads.fetch_add(1, Ordering::Relaxed);
             }
         }
         if let Some(backlog) = full {
             // PR-9: what was delivered is acknowledged (the sender's window
             // counts only what is in flight); reading waits for the actor.
             if delivered > acked {
-                ack(&wr, delivered).await?;
+                if !sink.ack(delivered).await? {
+                    return Ok(());
+                }
                 acked = delivered;
                 ack_deadline = None;
             }
-            proc.0.stats.paused_reads.fetch_add(1, Ordering::Relaxed);
-            let low = proc.0.config.port_window / 2;
+            let low = config.port_window / 2;
             if !backlog.drain_to(low, PORT_STALL).await {
-                tracing::debug!(proc = %proc.0.id, %from, queued = backlog.queued(), "an actor's queue is past its window and not moving; reading on");
+                tracing::debug!(
+                    queued = backlog.queued(),
+                    "an actor's queue is past its window and not moving; reading on"
+                );
             }
             continue;
         }
-        if delivered > acked && delivered - acked >= proc.0.config.ack_every {
-            ack(&wr, delivered).await?;
+        if delivered > acked && (resent || delivered - acked >= config.ack_every) {
+            if !sink.ack(delivered).await? {
+                return Ok(());
+            }
             acked = delivered;
             ack_deadline = None;
         }
@@ -1160,7 +1386,7 @@ async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
             let mut yielded = started;
             tokio::task::yield_now().await;
             loop {
-                filled = reader.fill_now(&rd)?;
+                filled = reader.fill_now(rd)?;
                 let now = std::time::Instant::now();
                 if filled.is_some() || now - started >= spin {
                     break;
@@ -1182,7 +1408,7 @@ async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
                 }
                 Some(false) => {
                     if delivered > acked {
-                        let _ = ack(&wr, delivered).await;
+                        let _ = sink.ack(delivered).await;
                     }
                     return Ok(());
                 }
@@ -1191,17 +1417,19 @@ async fn receive(proc: Proc, conn: Conn) -> Result<(), FrameError> {
         }
         tokio::select! {
             biased;
-            filled = reader.fill(&mut rd) => {
+            filled = reader.fill(rd) => {
                 if !filled? {
                     if delivered > acked {
-                        let _ = ack(&wr, delivered).await;
+                        let _ = sink.ack(delivered).await;
                     }
                     return Ok(());
                 }
                 pace.came(started.elapsed());
             }
             _ = sleep_until_some(ack_deadline) => {
-                ack(&wr, delivered).await?;
+                if !sink.ack(delivered).await? {
+                    return Ok(());
+                }
                 acked = delivered;
                 ack_deadline = None;
             }
@@ -1219,11 +1447,6 @@ async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
     }
-}
-
-async fn ack(wr: &WriteHalf, seq: u64) -> Result<(), FrameError> {
-    wr.write_all(&small_frame(FrameKind::Ack, seq, &[])).await?;
-    Ok(())
 }
 
 #[cfg(test)]
@@ -1403,6 +1626,166 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert_eq!(a.unacked_bytes(), 0, "everything is acknowledged");
+    }
+
+    fn unix_addr(test: &str, n: &str) -> ChannelAddr {
+        let dir = std::env::temp_dir();
+        format!(
+            "unix:{}/{test}-{}-{n}.sock",
+            dir.display(),
+            new_session_id()
+        )
+        .parse()
+        .unwrap()
+    }
+
+    /// Two procs on Unix sockets, an echo actor and a client in each.
+    async fn pair(
+        test: &str,
+    ) -> (
+        Proc,
+        Proc,
+        ActorRef<EchoActor>,
+        ActorRef<EchoActor>,
+        Mailbox,
+        Mailbox,
+    ) {
+        let a = Proc::serve_with_config("a", unix_addr(test, "a"), quick())
+            .await
+            .unwrap();
+        let b = Proc::serve_with_config("b", unix_addr(test, "b"), quick())
+            .await
+            .unwrap();
+        let echo_a = a.spawn("echo", 0, EchoActor::default()).unwrap().bind();
+        let echo_b = b.spawn("echo", 0, EchoActor::default()).unwrap().bind();
+        let (client_a, _) = a.attach("client").unwrap();
+        let (client_b, _) = b.attach("client").unwrap();
+        (a, b, echo_a, echo_b, client_a, client_b)
+    }
+
+    /// LK-9: a proc that answers the proc that called it does so on the
+    /// connection the caller dialed; neither dials a second one.
+    #[tokio::test]
+    async fn lk9_procs_that_talk_both_ways_share_one_connection() {
+        let (a, b, echo_a, echo_b, client_a, client_b) = pair("lk9").await;
+        for round in 0..3u8 {
+            let ping = |payload: Vec<u8>| move |reply| Echo { payload, reply };
+            assert_eq!(
+                echo_b.call(&client_a, ping(vec![round])).await.unwrap(),
+                vec![round]
+            );
+            assert_eq!(
+                echo_a.call(&client_b, ping(vec![round, 1])).await.unwrap(),
+                vec![round, 1]
+            );
+        }
+        let dialed = |p: &Proc| p.stats().dialed.load(Ordering::Relaxed);
+        let adopted = |p: &Proc| p.stats().adopted.load(Ordering::Relaxed);
+        assert_eq!(
+            (dialed(&a), dialed(&b)),
+            (1, 0),
+            "a dialed once; b answered, and called, on a's connection"
+        );
+        assert_eq!(adopted(&b), 1);
+    }
+
+    /// LK-9: two procs whose first messages cross both dial; the
+    /// connection the smaller proc id dialed stays, and every message of
+    /// both arrives once, in order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn lk9_procs_that_dial_each_other_at_once_keep_one_connection() {
+        for attempt in 0..5 {
+            let test = format!("lk9x{attempt}");
+            let (a, b, echo_a, echo_b, client_a, client_b) = pair(&test).await;
+            for seq in 0..200 {
+                echo_b.send(&client_a, Numbered { stream: 1, seq });
+                echo_a.send(&client_b, Numbered { stream: 2, seq });
+            }
+            let (to_b, to_a) = tokio::join!(
+                echo_b.call(&client_a, |reply| StreamReport { stream: 1, reply }),
+                echo_a.call(&client_b, |reply| StreamReport { stream: 2, reply }),
+            );
+            for stats in [to_b.unwrap(), to_a.unwrap()] {
+                assert_eq!((stats.received, stats.out_of_order), (200, 0));
+            }
+            // However the race went, the pair ends with the connection the
+            // smaller id dialed, used both ways.
+            let until = std::time::Instant::now() + Duration::from_secs(5);
+            let open = |p: &Proc| p.stats().open_connections.load(Ordering::Relaxed);
+            let shared = || open(&a) == 1 && open(&b) == 1;
+            while !shared() && std::time::Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let dialed = |p: &Proc| p.stats().dialed.load(Ordering::Relaxed);
+            let adopted = |p: &Proc| p.stats().adopted.load(Ordering::Relaxed);
+            let (small, large) = match a.id().to_string() < b.id().to_string() {
+                true => (&a, &b),
+                false => (&b, &a),
+            };
+            assert!(shared(), "{} and {} connections open", open(&a), open(&b));
+            if dialed(small) + dialed(large) == 2 {
+                assert!(
+                    adopted(large) >= 1,
+                    "both dialed: the larger proc adopted the smaller's connection (adopted {} and {})",
+                    adopted(small),
+                    adopted(large)
+                );
+            }
+        }
+    }
+
+    /// LK-9 with LK-2: the one connection two procs share is cut again
+    /// and again, from either end, while both stream to each other; every
+    /// message arrives exactly once and in order both ways.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn lk9_cutting_the_shared_connection_mid_stream_loses_nothing_both_ways() {
+        const N: u64 = 20_000;
+        let (a, b, echo_a, echo_b, client_a, client_b) = pair("lk9cut").await;
+        let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stream = |client: Mailbox,
+                      to: ActorRef<EchoActor>,
+                      stream: u64,
+                      done: Arc<std::sync::atomic::AtomicUsize>| async move {
+            let dest = to.port::<Numbered>().id().clone();
+            for seq in 0..N {
+                client.ready(&dest).await;
+                to.send(&client, Numbered { stream, seq });
+                if seq % 50 == 49 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+            done.fetch_add(1, Ordering::SeqCst);
+            client
+        };
+        let ab = tokio::spawn(stream(client_a, echo_b.clone(), 1, done.clone()));
+        let ba = tokio::spawn(stream(client_b, echo_a.clone(), 2, done.clone()));
+        let mut cuts = 0;
+        while done.load(Ordering::SeqCst) < 2 || cuts < 20 {
+            tokio::time::sleep(Duration::from_millis(5 + 3 * (cuts % 4))).await;
+            match cuts % 2 {
+                0 => a.reset_links(),
+                _ => b.reset_links(),
+            }
+            cuts += 1;
+        }
+        let client_a = ab.await.unwrap();
+        let client_b = ba.await.unwrap();
+        let to_b = echo_b
+            .call(&client_a, |reply| StreamReport { stream: 1, reply })
+            .await
+            .unwrap();
+        let to_a = echo_a
+            .call(&client_b, |reply| StreamReport { stream: 2, reply })
+            .await
+            .unwrap();
+        assert_eq!((to_b.received, to_b.out_of_order), (N, 0), "a to b");
+        assert_eq!((to_a.received, to_a.out_of_order), (N, 0), "b to a");
+        let reconnects = a.stats().reconnects.load(Ordering::Relaxed)
+            + b.stats().reconnects.load(Ordering::Relaxed);
+        assert!(
+            reconnects >= 10,
+            "{cuts} cuts made only {reconnects} reconnects"
+        );
     }
 
     #[tokio::test]

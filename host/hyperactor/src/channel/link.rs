@@ -30,6 +30,20 @@
 //!   window plus one frame, however far it outruns its receiver.
 //!   Synchronous sends never wait (a handler must not block its worker),
 //!   so their bytes count toward the window without being held back.
+//! - LK-9 (duplex): one connection carries both directions between two
+//!   procs. A proc that accepts a connection *adopts* it for its own link
+//!   to the dialer ([`Link::adopt`]): it says its own hello on it and
+//!   writes its frames there, and the proc's reader of that connection
+//!   hands the acknowledgements to it. Each direction keeps its own
+//!   session, sequence numbers and acknowledgements, so LK-1..3 hold per
+//!   direction across reconnects. The dialer owns reconnecting; a link
+//!   that adopted its connection dials only when it holds frames and no
+//!   connection came back within `ADOPT_GRACE`. When both procs dialed,
+//!   the connection dialed by the smaller proc id stays and the other is
+//!   closed, so a pair ends with one connection and a partition is
+//!   noticed once. Every frame written on a connection, acknowledgements
+//!   included, goes through the link that owns it ([`Link::control`]), so
+//!   frames never interleave.
 
 use std::collections::VecDeque;
 use std::io;
@@ -42,7 +56,7 @@ use rkyv::util::AlignedVec;
 use tokio::sync::Notify;
 
 use super::ChannelAddr;
-use super::frame::{FrameKind, FrameReader, set_seq, small_frame};
+use super::frame::{FrameKind, set_seq, small_frame};
 use super::transport::{self, ReadHalf, WriteHalf};
 
 const MIN_BACKOFF: Duration = Duration::from_millis(5);
@@ -52,6 +66,10 @@ const MAX_CONNECT_WAIT: Duration = Duration::from_secs(5);
 /// link's task writes it with whatever else arrives meanwhile. Shorter than
 /// any cross-process round trip, so a lone call is never held back.
 const BURST_WINDOW: Duration = Duration::from_micros(4);
+/// How long a link whose adopted connection ended waits for its peer,
+/// which owns reconnecting, before it dials itself to deliver what it
+/// holds (LK-9).
+const ADOPT_GRACE: Duration = Duration::from_millis(200);
 
 thread_local! {
     /// Set by [`corked`]: sends leave the writing to the links' tasks.
@@ -91,6 +109,12 @@ pub struct ChannelStats {
     /// Links at or past their window now (LK-8): while none is, waiting
     /// for every link's room costs one load.
     pub links_over_window: AtomicU64,
+    /// Connections this proc's links dialed.
+    pub dialed: AtomicU64,
+    /// Connections a link took over from the peer that dialed it (LK-9).
+    pub adopted: AtomicU64,
+    /// Connections open now, dialed or accepted.
+    pub open_connections: AtomicU64,
 }
 
 /// Settings a link needs.
@@ -99,6 +123,9 @@ pub(crate) struct LinkConfig {
     pub(crate) delivery_timeout: Duration,
     /// Unacknowledged bytes past which [`Link::ready`] waits (LK-8).
     pub(crate) window_bytes: usize,
+    /// Whether the link connects by itself (a link opened to send), or
+    /// waits to adopt its peer's connection (LK-9).
+    pub(crate) dials: bool,
 }
 
 /// What a queued frame costs the sender beyond its bytes: the `Pending`
@@ -126,6 +153,27 @@ fn advance(queue: &mut VecDeque<Arc<AlignedVec>>, pos: &mut usize, mut n: usize)
 /// not acknowledged, in order, and the last connection error.
 pub(crate) type OnDead<T> = Box<dyn Fn(&ChannelAddr, Vec<T>, String) + Send + Sync>;
 
+/// Reads a connection the link dialed, with the link and the connection's
+/// generation, until it ends; says why it ended. The proc's reader: it
+/// delivers the peer's frames and hands acknowledgements to the link
+/// (LK-9).
+pub(crate) type Reader<T> = Box<
+    dyn Fn(
+            ReadHalf,
+            Arc<Link<T>>,
+            u64,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = String> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Who opened a link's connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    Dialed,
+    Adopted,
+}
+
 struct Pending<T> {
     seq: u64,
     /// Shared with `out` while it waits to be written: frames are never
@@ -147,7 +195,12 @@ struct LinkState<T> {
     /// Counted in `ChannelStats::links_over_window`.
     over_window: bool,
     conn: Option<Arc<WriteHalf>>,
+    /// Who opened `conn`.
+    origin: Origin,
     generation: u64,
+    /// Whether the link reconnects as soon as its connection is lost: a
+    /// link opened to send does, until it adopts a connection (LK-9).
+    dials: bool,
     /// Frames for the current connection that nobody is writing yet; the
     /// first from byte `out_pos`. They go out with one `sendmsg` for many
     /// frames, as one buffer did.
@@ -173,6 +226,7 @@ pub(crate) struct Link<T> {
     /// Wakes senders waiting for the window (LK-8).
     room: Notify,
     on_dead: OnDead<T>,
+    reader: Reader<T>,
     stats: Arc<ChannelStats>,
 }
 
@@ -186,7 +240,9 @@ impl<T: Send + 'static> Link<T> {
         config: LinkConfig,
         stats: Arc<ChannelStats>,
         on_dead: OnDead<T>,
+        reader: Reader<T>,
     ) -> Arc<Self> {
+        let dials = config.dials;
         Arc::new(Link {
             dest,
             hello: small_frame(FrameKind::Hello, session, hello_from.as_bytes()),
@@ -198,7 +254,9 @@ impl<T: Send + 'static> Link<T> {
                 window_waiting: false,
                 over_window: false,
                 conn: None,
+                origin: Origin::Dialed,
                 generation: 0,
+                dials,
                 out: VecDeque::new(),
                 out_pos: 0,
                 flushing: false,
@@ -212,6 +270,7 @@ impl<T: Send + 'static> Link<T> {
             wake: Notify::new(),
             room: Notify::new(),
             on_dead,
+            reader,
             stats,
         })
     }
@@ -251,6 +310,12 @@ impl<T: Send + 'static> Link<T> {
         self.stats
             .peak_unacked_bytes
             .fetch_max(st.unacked_bytes as u64, Ordering::Relaxed);
+        if st.conn.is_none() {
+            // The link's task connects (or waits for its peer) and writes it.
+            drop(st);
+            self.wake.notify_one();
+            return Ok(());
+        }
         if st.flushing || st.waiting_writable || st.flush_scheduled {
             // Whoever is writing, or about to, takes this frame too.
             return Ok(());
@@ -399,20 +464,172 @@ impl<T: Send + 'static> Link<T> {
         }
     }
 
-    /// The link's task: connects, reconnects with backoff, reads acks and
-    /// watches the delivery timeout until the link dies.
+    /// Takes over `wr`, a connection its peer dialed, unless the link keeps
+    /// a connection it dialed itself: it does when `peer_is_smaller` is
+    /// false (the connection dialed by the smaller proc id stays) (LK-9).
+    /// Returns the connection's generation when adopted: the reader of the
+    /// connection hands acknowledgements to [`Link::acked`], writes through
+    /// [`Link::control`] and calls [`Link::detach`] when it ends.
+    pub(crate) fn adopt(&self, wr: Arc<WriteHalf>, peer_is_smaller: bool) -> Option<u64> {
+        let mut st = self.state.lock();
+        if st.dead {
+            return None;
+        }
+        if st.conn.is_some() && st.origin == Origin::Dialed && !peer_is_smaller {
+            return None;
+        }
+        let connected_before = st.generation > 0;
+        st.generation += 1;
+        let generation = st.generation;
+        if let Some(old) = st.conn.replace(wr) {
+            // Its reader ends, and so does the peer's side of it.
+            old.abort();
+        }
+        st.origin = Origin::Adopted;
+        st.dials = false;
+        self.install(&mut st, connected_before);
+        st.out.push_front(Arc::new(self.hello_frame()));
+        self.stats.adopted.fetch_add(1, Ordering::Relaxed);
+        self.flush(st);
+        // The link's task tends the new connection (and drops the one it
+        // may have dialed).
+        self.wake.notify_one();
+        Some(generation)
+    }
+
+    fn hello_frame(&self) -> AlignedVec {
+        let mut frame = AlignedVec::with_capacity(self.hello.len());
+        frame.extend_from_slice(&self.hello);
+        frame
+    }
+
+    /// Resets the write state for a new connection in `st.conn` and queues
+    /// every unacknowledged frame on it, in order (LK-2).
+    fn install(&self, st: &mut LinkState<T>, connected_before: bool) {
+        st.broken = false;
+        st.flushing = false;
+        st.waiting_writable = false;
+        st.flush_scheduled = false;
+        st.last_ack = Instant::now();
+        st.last_write = Instant::now() - BURST_WINDOW;
+        st.out_pos = 0;
+        st.out = st.unacked.iter().map(|p| p.frame.clone()).collect();
+        if connected_before {
+            self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .retransmitted
+                .fetch_add(st.unacked.len() as u64, Ordering::Relaxed);
+            tracing::debug!(dest = %self.dest, resent = st.unacked.len(), "reconnected");
+        }
+    }
+
+    /// The peer acknowledged every frame up to `seq`.
+    pub(crate) fn acked(&self, seq: u64) {
+        let mut st = self.state.lock();
+        while st.unacked.front().is_some_and(|p| p.seq <= seq) {
+            if let Some(acked) = st.unacked.pop_front() {
+                st.unacked_bytes -= acked.cost;
+            }
+        }
+        st.last_ack = Instant::now();
+        if st.unacked_bytes < self.config.window_bytes {
+            self.opened(&mut st);
+        }
+    }
+
+    /// Writes `frame` (an acknowledgement, or a `restarted`) on connection
+    /// `generation`, in order with the link's own frames. False when that
+    /// connection is no longer the link's: its reader should end.
+    pub(crate) fn control(&self, generation: u64, frame: &[u8]) -> bool {
+        let mut st = self.state.lock();
+        if st.dead || st.generation != generation || st.conn.is_none() {
+            return false;
+        }
+        let mut owned = AlignedVec::with_capacity(frame.len());
+        owned.extend_from_slice(frame);
+        st.out.push_back(Arc::new(owned));
+        if st.flushing || st.waiting_writable || st.flush_scheduled {
+            return true;
+        }
+        self.flush(st);
+        true
+    }
+
+    /// The reader of connection `generation` ended: the link lets it go.
+    pub(crate) fn detach(&self, generation: u64) {
+        let mut st = self.state.lock();
+        if st.generation == generation && st.conn.is_some() {
+            st.broken = true;
+            drop(st);
+            self.wake.notify_one();
+        }
+    }
+
+    /// The peer answered that it restarted (LK-7): the link dies now.
+    pub(crate) fn restarted(&self) {
+        self.die(format!(
+            "the proc at {} restarted: what was sent to its earlier incarnation is lost",
+            self.dest
+        ));
+    }
+
+    /// The link's task: dials and redials with backoff (or tends the
+    /// connection it adopted), and watches the delivery timeout, until the
+    /// link dies.
     pub(crate) async fn run(self: Arc<Self>) {
         let mut backoff = MIN_BACKOFF;
         let mut down_since = Instant::now();
-        let mut connected_before = false;
         let mut last_error = String::from("never connected");
         loop {
+            // A wake-up that comes while nobody waits is kept for the next
+            // wait (`Notify` stores one permit), so none is lost between
+            // this look at the state and the wait below.
+            let (adopted, dials, holds) = {
+                let st = self.state.lock();
+                if st.dead {
+                    return;
+                }
+                let adopted =
+                    (st.conn.is_some() && st.origin == Origin::Adopted).then_some(st.generation);
+                (adopted, st.dials, !st.unacked.is_empty())
+            };
+            if let Some(generation) = adopted {
+                let outcome = self.tend(generation).await;
+                if let Some(wr) = self.release(generation) {
+                    // Its reader sees the end too.
+                    wr.abort();
+                }
+                match outcome {
+                    Served::Lost(reason) => {
+                        tracing::debug!(dest = %self.dest, %reason, "adopted connection lost");
+                        last_error = reason;
+                        down_since = Instant::now();
+                        backoff = MIN_BACKOFF;
+                        continue;
+                    }
+                    Served::Dead(reason) => {
+                        self.die(reason);
+                        return;
+                    }
+                }
+            }
+            if !dials && !holds {
+                // Nothing to deliver: wait for a frame, or for the peer.
+                self.wake.notified().await;
+                down_since = Instant::now();
+                continue;
+            }
             let elapsed = down_since.elapsed();
             if elapsed >= self.config.delivery_timeout {
                 self.die(format!("could not connect: {last_error}"));
                 return;
             }
             let remaining = self.config.delivery_timeout - elapsed;
+            if !dials && elapsed < ADOPT_GRACE {
+                // The peer dials back soon if it lives (LK-9).
+                let _ = tokio::time::timeout(ADOPT_GRACE - elapsed, self.wake.notified()).await;
+                continue;
+            }
             let attempt = tokio::time::timeout(
                 remaining.min(MAX_CONNECT_WAIT),
                 transport::connect(&self.dest),
@@ -422,7 +639,8 @@ impl<T: Send + 'static> Link<T> {
                 Ok(Ok(conn)) => conn,
                 Ok(Err(e)) => {
                     last_error = e.to_string();
-                    tokio::time::sleep(backoff.min(remaining)).await;
+                    let _ =
+                        tokio::time::timeout(backoff.min(remaining), self.wake.notified()).await;
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                     continue;
                 }
@@ -442,47 +660,38 @@ impl<T: Send + 'static> Link<T> {
                 last_error = e.to_string();
                 continue;
             }
+            self.stats.dialed.fetch_add(1, Ordering::Relaxed);
             let wr = Arc::new(wr);
-            {
+            let generation = {
                 let mut st = self.state.lock();
                 if st.dead {
                     return;
                 }
+                if st.conn.is_some() {
+                    // The peer's connection came first and was adopted.
+                    drop(st);
+                    wr.abort();
+                    continue;
+                }
+                let connected_before = st.generation > 0;
                 st.generation += 1;
                 st.conn = Some(wr.clone());
-                st.broken = false;
-                st.flushing = false;
-                st.waiting_writable = false;
-                st.flush_scheduled = false;
-                st.last_ack = Instant::now();
-                st.last_write = Instant::now() - BURST_WINDOW;
-                st.out_pos = 0;
-                let out: VecDeque<Arc<AlignedVec>> =
-                    st.unacked.iter().map(|p| p.frame.clone()).collect();
-                if connected_before {
-                    self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
-                    self.stats
-                        .retransmitted
-                        .fetch_add(st.unacked.len() as u64, Ordering::Relaxed);
-                    tracing::debug!(dest = %self.dest, resent = st.unacked.len(), "reconnected");
-                }
-                st.out = out;
+                st.origin = Origin::Dialed;
+                self.install(&mut st, connected_before);
+                let generation = st.generation;
                 self.flush(st);
-            }
-            connected_before = true;
+                generation
+            };
             backoff = MIN_BACKOFF;
-            let outcome = self.serve(rd, &wr).await;
-            {
-                let mut st = self.state.lock();
-                st.conn = None;
-                st.out.clear();
-                st.out_pos = 0;
-                st.flushing = false;
-                st.waiting_writable = false;
-                st.flush_scheduled = false;
-                if st.dead {
-                    return;
-                }
+            let reading = (self.reader)(rd, self.clone(), generation);
+            let outcome = tokio::select! {
+                reason = reading => Served::Lost(reason),
+                served = self.tend(generation) => served,
+            };
+            self.release(generation);
+            wr.abort();
+            if self.state.lock().dead {
+                return;
             }
             match outcome {
                 Served::Lost(reason) => {
@@ -498,68 +707,64 @@ impl<T: Send + 'static> Link<T> {
         }
     }
 
-    /// Runs one connection until it breaks.
-    async fn serve(&self, mut rd: ReadHalf, wr: &WriteHalf) -> Served {
-        let mut reader = FrameReader::new(64 * 1024);
+    /// Forgets connection `generation` if it is still the link's; hands
+    /// back its write half.
+    fn release(&self, generation: u64) -> Option<Arc<WriteHalf>> {
+        let mut st = self.state.lock();
+        if st.generation != generation {
+            return None;
+        }
+        st.out.clear();
+        st.out_pos = 0;
+        st.flushing = false;
+        st.waiting_writable = false;
+        st.flush_scheduled = false;
+        st.conn.take()
+    }
+
+    /// Does the writing side of connection `generation` until it is lost,
+    /// replaced or stalled: writes what bursts leave to the link's task
+    /// (LK-4), waits for room when the socket is full, and watches for
+    /// acknowledgements (LK-3). Reading is the reader's.
+    async fn tend(&self, generation: u64) -> Served {
         let check_every = (self.config.delivery_timeout / 4)
             .clamp(Duration::from_millis(10), Duration::from_secs(1));
         let mut next_check = tokio::time::Instant::now() + check_every;
         loop {
-            loop {
-                match reader.next_frame() {
-                    Ok(Some((header, _))) if header.kind == FrameKind::Ack => {
-                        let mut st = self.state.lock();
-                        while st.unacked.front().is_some_and(|p| p.seq <= header.seq) {
-                            if let Some(acked) = st.unacked.pop_front() {
-                                st.unacked_bytes -= acked.cost;
-                            }
-                        }
-                        st.last_ack = Instant::now();
-                        if st.unacked_bytes < self.config.window_bytes {
-                            self.opened(&mut st);
-                        }
-                    }
-                    Ok(Some((header, _))) if header.kind == FrameKind::Restarted => {
-                        return Served::Dead(format!(
-                            "the proc at {} restarted: what was sent to its earlier incarnation is lost",
-                            self.dest
-                        ));
-                    }
-                    Ok(Some((header, _))) => {
-                        return Served::Lost(format!(
-                            "peer sent a {:?} frame on a link",
-                            header.kind
-                        ));
-                    }
-                    Ok(None) => break,
-                    Err(e) => return Served::Lost(format!("bad frame from peer: {e}")),
-                }
-            }
-            let waiting_writable = {
+            let wake = self.wake.notified();
+            tokio::pin!(wake);
+            wake.as_mut().enable();
+            let (conn, waiting_writable) = {
                 let st = self.state.lock();
+                if st.dead {
+                    return Served::Lost("the link ended".into());
+                }
+                if st.generation != generation {
+                    return Served::Lost("replaced by the peer's connection".into());
+                }
+                let Some(conn) = st.conn.clone() else {
+                    return Served::Lost("connection closed".into());
+                };
                 if st.broken {
                     return Served::Lost("connection reset".into());
                 }
-                st.waiting_writable
+                (conn, st.waiting_writable)
             };
             tokio::select! {
                 biased;
-                filled = reader.fill(&mut rd) => match filled {
-                    Ok(true) => {}
-                    Ok(false) => return Served::Lost("peer closed the connection".into()),
-                    Err(e) => return Served::Lost(e.to_string()),
-                },
-                ready = wr.writable(), if waiting_writable => {
+                ready = conn.writable(), if waiting_writable => {
                     if let Err(e) = ready {
                         return Served::Lost(e.to_string());
                     }
                     let mut st = self.state.lock();
-                    st.waiting_writable = false;
-                    self.flush(st);
+                    if st.generation == generation {
+                        st.waiting_writable = false;
+                        self.flush(st);
+                    }
                 }
-                _ = self.wake.notified() => {
+                _ = wake => {
                     let mut st = self.state.lock();
-                    if st.flush_scheduled {
+                    if st.generation == generation && st.flush_scheduled {
                         st.flush_scheduled = false;
                         self.flush(st);
                     }
@@ -615,7 +820,10 @@ impl<T: Send + 'static> Link<T> {
             return None;
         }
         st.dead = true;
-        st.conn = None;
+        if let Some(conn) = st.conn.take() {
+            // Its reader ends too, and the peer hears of it.
+            conn.abort();
+        }
         st.out = VecDeque::new();
         st.unacked_bytes = 0;
         self.opened(&mut st);
@@ -633,7 +841,7 @@ enum Served {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::channel::frame::{FrameHeader, finish_frame, frame_buffer};
+    use crate::channel::frame::{FrameHeader, FrameReader, finish_frame, frame_buffer};
     use crate::channel::transport::Listener;
     use tokio::sync::mpsc;
 
@@ -672,6 +880,27 @@ mod tests {
         frame
     }
 
+    /// A reader that hands acknowledgements to the link, as the proc's does.
+    fn ack_reader() -> Reader<u8> {
+        Box::new(|mut rd, link: Arc<Link<u8>>, _generation| {
+            Box::pin(async move {
+                let mut reader = FrameReader::new(1 << 20);
+                loop {
+                    while let Ok(Some((header, _))) = reader.next_frame() {
+                        if header.kind == FrameKind::Ack {
+                            link.acked(header.seq);
+                        }
+                    }
+                    match reader.fill(&mut rd).await {
+                        Ok(true) => {}
+                        Ok(false) => return "peer closed".to_string(),
+                        Err(e) => return e.to_string(),
+                    }
+                }
+            })
+        })
+    }
+
     async fn next(reader: &mut FrameReader, rd: &mut ReadHalf) -> (FrameHeader, Vec<u8>) {
         loop {
             if let Some((header, body)) = reader.next_frame().unwrap() {
@@ -693,11 +922,13 @@ mod tests {
             LinkConfig {
                 delivery_timeout: Duration::from_secs(10),
                 window_bytes: 1 << 20,
+                dials: true,
             },
             Arc::default(),
             Box::new(move |_: &ChannelAddr, undelivered: Vec<u8>, _| {
                 let _ = dead_tx.send(undelivered);
             }),
+            ack_reader(),
         );
         tokio::spawn(link.clone().run());
         for value in 1..=3u8 {
@@ -752,11 +983,13 @@ mod tests {
             LinkConfig {
                 delivery_timeout: Duration::from_millis(200),
                 window_bytes: 1 << 20,
+                dials: true,
             },
             Arc::default(),
             Box::new(move |_: &ChannelAddr, undelivered: Vec<u8>, reason| {
                 let _ = dead_tx.send((undelivered, reason));
             }),
+            ack_reader(),
         );
         tokio::spawn(link.clone().run());
         for value in 1..=5u8 {

@@ -409,6 +409,15 @@ impl WriteHalf {
         Ok(())
     }
 
+    /// Ends the connection in both directions now: the peer reads its
+    /// end, and so does this side's read half, whoever holds it. What is
+    /// not written yet is dropped.
+    pub(crate) fn abort(&self) {
+        // SAFETY: shutdown on a socket this half shares; errors are moot
+        // (the socket may have ended already).
+        unsafe { libc::shutdown(self.fd.as_raw_fd(), libc::SHUT_RDWR) };
+    }
+
     /// Writes all of `buf`, waiting for room as needed.
     pub(crate) async fn write_all(&self, mut buf: &[u8]) -> io::Result<()> {
         while !buf.is_empty() {

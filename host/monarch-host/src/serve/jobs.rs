@@ -491,6 +491,7 @@ async fn run(
             cancelled.borrow().clone().unwrap_or_default()
         }
     };
+    let is_session = session.is_some();
     let outcome = match session {
         None => {
             prepared
@@ -528,6 +529,11 @@ async fn run(
     }
     drop(permit);
     match outcome {
+        // A session closed on request may see its inputs end before the
+        // cancel: it ended because of the cancel, and says whose.
+        Ok(()) if is_session && cancelled.borrow().is_some() => {
+            (JobStatus::Cancelled, Some(cancel_reason(cancelled)))
+        }
         Ok(()) => (JobStatus::Succeeded, None),
         Err(RunError::Cancelled(reason)) => (JobStatus::Cancelled, Some(reason)),
         // A session that idled out ended as it should.

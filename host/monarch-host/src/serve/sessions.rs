@@ -645,7 +645,7 @@ pub(super) async fn close(
         .unwrap_or_else(|p| p.into_inner())
         .events
         .subscribe();
-    session.close_inputs();
+    // The reason first: closing the inputs may end the job by itself.
     if let Some(live) = state.live().get(&session.job).cloned() {
         let why = match session.owner == caller.name() {
             true => "closed by its owner".to_string(),
@@ -653,6 +653,7 @@ pub(super) async fn close(
         };
         live.cancel(why);
     }
+    session.close_inputs();
     // Wait for its end (its procs stopped), a while.
     let _ = tokio::time::timeout(Duration::from_secs(30), async {
         loop {
