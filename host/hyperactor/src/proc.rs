@@ -33,6 +33,11 @@
 //!   that does not move for `PORT_STALL` (its actor is waiting on
 //!   something, perhaps a reply behind it on this very connection) lets
 //!   reading go on: a bound never becomes a deadlock.
+//! - PR-10: a connection another proc dialed becomes this proc's way back to
+//!   it (LK-9): the link to the address its hello names adopts it, unless
+//!   that link keeps a connection it dialed itself (the smaller proc id's
+//!   dial stays). The connection's reader then hands acknowledgements to
+//!   that link and writes its own through it.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -800,7 +805,7 @@ impl Proc {
         )
     }
 
-    /// PR-10: a connection from the proc `from` (its hello said so) becomes
+    /// A connection from the proc `from` (its hello said so) becomes
     /// the transport of this proc's link back to it, unless that link keeps
     /// a connection it dialed (LK-9). The sink the connection's reader
     /// writes through either way.
