@@ -23,8 +23,6 @@ mod mesh_support;
 mod netns;
 
 use std::collections::{HashMap, HashSet};
-use std::io::BufRead;
-use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,7 +30,7 @@ use hyperactor_mesh::agent::MeshEvent;
 use hyperactor_mesh::client::{ActorSpec, MeshClient};
 use hyperactor_mesh::remote::{Liveness, RemoteAllocator};
 use hyperactor_mesh::{CastMode, CastTarget, Caster, Outcome, RankError};
-use netns::NetCluster;
+use netns::{Agent, NetCluster, start_agent};
 
 const TOKEN: &str = "chaos-test-token";
 const HOSTS: usize = 3;
@@ -43,41 +41,14 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(20);
 /// Calls in flight at once.
 const IN_FLIGHT: usize = 6;
 
-/// An agent in one host; killed (with its procs) when dropped.
-struct Agent {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_agent(net: &NetCluster, i: usize) -> Agent {
-    let mut child = net
-        .command(i, std::path::Path::new(env!("CARGO_BIN_EXE_mesh-worker")))
-        .args(["agent", &format!("{}:7070", net.host_ip(i)), TOKEN])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start an agent");
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout
-        .read_line(&mut line)
-        .expect("the agent says where it serves");
-    let addr = line
-        .trim()
-        .rsplit(' ')
-        .next()
-        .unwrap_or_default()
-        .trim_start_matches("tcp:")
-        .to_string();
-    assert!(!addr.is_empty(), "agent printed {line:?}");
-    Agent { child, addr }
+/// The mesh-worker agent of host `i`.
+fn start_mesh_agent(net: &NetCluster, i: usize) -> Agent {
+    let args = [
+        "agent".to_string(),
+        format!("{}:7070", net.host_ip(i)),
+        TOKEN.to_string(),
+    ];
+    start_agent(net, i, env!("CARGO_BIN_EXE_mesh-worker"), &args)
 }
 
 /// What undoes a fault (heals a cut, resumes a paused host).
@@ -209,7 +180,7 @@ async fn calls_survive_kills_partitions_and_pauses() {
     let mut rng = Rng(seed);
 
     let net = NetCluster::new(HOSTS).expect("namespaces");
-    let agents: Vec<Agent> = (0..HOSTS).map(|i| start_agent(&net, i)).collect();
+    let agents: Vec<Agent> = (0..HOSTS).map(|i| start_mesh_agent(&net, i)).collect();
     let local = format!("tcp:{}:0", net.root_ip());
     // A host is lost only past 5 s of silence: the pauses and cuts below
     // last about one second, so they test stalls, not host loss.

@@ -25,7 +25,7 @@ use hyperactor_mesh::client::{ActorSpec, MeshClient};
 use hyperactor_mesh::remote::{Liveness, RemoteAllocator};
 use hyperactor_mesh::{CastMode, CastTarget, Caster, Outcome, RankError, Reducer};
 use mesh_support::{alive, next_outcome};
-use netns::NetCluster;
+use netns::{Agent, NetCluster, start_agent};
 use tokio::sync::mpsc;
 
 const TOKEN: &str = "mesh-hosts-test-token";
@@ -39,43 +39,6 @@ fn skip() -> bool {
         }
         None => false,
     }
-}
-
-/// An agent in host `i`; killed (with its procs) when dropped.
-struct Agent {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_agent(net: &NetCluster, i: usize, program: &str, args: &[String]) -> Agent {
-    let mut child = net
-        .command(i, std::path::Path::new(program))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start an agent");
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout
-        .read_line(&mut line)
-        .expect("the agent says where it serves");
-    let addr = line
-        .trim()
-        .rsplit(' ')
-        .next()
-        .unwrap_or_default()
-        .trim_start_matches("tcp:")
-        .to_string();
-    assert!(!addr.is_empty(), "agent printed {line:?}");
-    Agent { child, addr }
 }
 
 struct Hosts {

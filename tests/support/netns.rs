@@ -28,8 +28,9 @@
 #![allow(dead_code)]
 
 use std::fs;
+use std::io::BufRead;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 
@@ -254,4 +255,45 @@ fn free_subnet(seed: u32) -> Result<String> {
         }
     }
     bail!("no free 10.200-249.x.0/24 subnet for a NetCluster")
+}
+
+/// A host agent (or any server) started in one host; killed, with its
+/// procs, when dropped.
+pub struct Agent {
+    pub child: Child,
+    /// Where it serves: `IP:PORT`.
+    pub addr: String,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `program args` in host `i`; its first line on stdout ends with
+/// where it serves (`... tcp:IP:PORT`).
+pub fn start_agent(net: &NetCluster, i: usize, program: &str, args: &[String]) -> Agent {
+    let mut child = net
+        .command(i, Path::new(program))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start an agent");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped stdout"));
+    let mut line = String::new();
+    stdout
+        .read_line(&mut line)
+        .expect("the agent says where it serves");
+    let addr = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .unwrap_or_default()
+        .trim_start_matches("tcp:")
+        .to_string();
+    assert!(!addr.is_empty(), "agent printed {line:?}");
+    Agent { child, addr }
 }
