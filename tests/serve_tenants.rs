@@ -545,3 +545,61 @@ async fn ss_1_a_users_session_is_its_own_and_an_admin_may_only_list_and_close_it
         "{closed}"
     );
 }
+
+/// HA-1 inside the runtime: a job finds (or respawns) only the persistent
+/// actor meshes its principal may see over HTTP. Alice's counter on the
+/// server's own mesh is hers and an admin's to look up; bob's job is told
+/// it belongs to another principal, and cannot take its name by respawn.
+#[tokio::test]
+async fn a_job_looks_up_only_persistent_actor_meshes_its_principal_may_see() {
+    let dir = Scratch::new("tenants-actor-meshes");
+    let server = ServeProcess::start_with_tokens(&dir.0, &tokens(), &["--mesh", "workers=2"]);
+    let persist = program(env!("GUEST_PERSIST"));
+    // Runs the persist program's step `args` as `token` on `workers`; its
+    // status and error once it ended.
+    let step = |token: &'static str, args: &'static [&'static str]| {
+        let server = &server;
+        let persist = persist.clone();
+        async move {
+            let who = As { server, token };
+            let (status, uploaded) = who.upload(persist).await;
+            assert!(status == 201 || status == 200, "{uploaded}");
+            let (status, created) = who
+                .submit(json!({
+                    "component": uploaded["id"],
+                    "args": args,
+                    "mesh": "workers",
+                }))
+                .await;
+            assert_eq!(status, 201, "{created}");
+            let id = created["id"].as_u64().expect("a job id");
+            let client = monarch_host::serve::client::ApiClient::new(
+                &server.base,
+                Some(token.into()),
+                Duration::from_secs(60),
+            )
+            .expect("a client");
+            let job = serve_support::finished(&client, id, Duration::from_secs(90)).await;
+            (job.status, job.error.unwrap_or_default())
+        }
+    };
+    use monarch_host::serve::api::JobStatus;
+    let (status, error) = step(ALICE, &["spawn", "counter", "2"]).await;
+    assert_eq!(status, JobStatus::Succeeded, "{error}");
+    let (status, error) = step(BOB, &["read", "counter"]).await;
+    assert_eq!(status, JobStatus::Failed);
+    assert!(
+        error.contains("`counter` belongs to another principal"),
+        "{error}"
+    );
+    let (status, error) = step(BOB, &["respawn", "counter", "2"]).await;
+    assert_eq!(status, JobStatus::Failed);
+    assert!(
+        error.contains("another principal's persistent actor mesh"),
+        "{error}"
+    );
+    for token in [ALICE, ADMIN] {
+        let (status, error) = step(token, &["read", "counter"]).await;
+        assert_eq!(status, JobStatus::Succeeded, "{error}");
+    }
+}

@@ -195,6 +195,12 @@ pub trait MeshObserver: Send + Sync {
     fn persistent_actors(&self) -> Option<Arc<PersistentActorMeshes>> {
         None
     }
+    /// Whether the controller may look up, or respawn, the persistent
+    /// actor mesh `mesh`: on a server with principals, one its own
+    /// principal may see (HA-1).
+    fn may_use_actor_mesh(&self, _mesh: &PersistentActorMesh) -> bool {
+        true
+    }
 }
 
 /// Procs a job borrows from a persistent mesh: `spawn-procs` hands out
@@ -1164,9 +1170,17 @@ impl mesh::Host for HostState {
             Err(e) => return Ok(Err(format!("cannot look up `{name}`: {e}"))),
         };
         match registry.get(&name) {
-            Some(mesh) => Ok(Ok(self.push(mesh.handle())?)),
+            Some(mesh) if self.may_use_actor_mesh(&mesh) => Ok(Ok(self.push(mesh.handle())?)),
+            Some(_) => Ok(Err(format!(
+                "the persistent actor mesh `{name}` belongs to another principal"
+            ))),
             None => {
-                let known: Vec<String> = registry.list().iter().map(|m| m.name.clone()).collect();
+                let known: Vec<String> = registry
+                    .list()
+                    .iter()
+                    .filter(|m| self.may_use_actor_mesh(m))
+                    .map(|m| m.name.clone())
+                    .collect();
                 Ok(Err(format!(
                     "no persistent actor mesh named `{name}` ({}); spawn one with `persist=True` (`spawn-persistent`) from a job on a persistent mesh",
                     if known.is_empty() {
@@ -1362,6 +1376,12 @@ impl mesh::HostProcMesh for HostState {
                     .into(),
             );
         };
+        if registry
+            .get(&name)
+            .is_some_and(|mesh| !self.may_use_actor_mesh(&mesh))
+        {
+            return fail("that name is another principal's persistent actor mesh".into());
+        }
         let old = match registry.claim(&name, replace) {
             Ok(old) => old,
             Err(e) => return fail(e),
@@ -1435,6 +1455,14 @@ const PERSISTENT_LIFETIME: Duration = Duration::from_secs(10 * 366 * 24 * 3600);
 
 impl HostState {
     /// The server's persistent actor meshes, or why there are none here.
+    fn may_use_actor_mesh(&self, mesh: &PersistentActorMesh) -> bool {
+        self.cluster
+            .job
+            .observer
+            .as_ref()
+            .is_none_or(|o| o.may_use_actor_mesh(mesh))
+    }
+
     fn persistent_actors(&self) -> Result<Arc<PersistentActorMeshes>, String> {
         self.cluster
             .job

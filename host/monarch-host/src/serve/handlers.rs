@@ -33,11 +33,12 @@ use utoipa::OpenApi;
 
 use super::api::*;
 use super::jobs::{self, Target};
-use super::meshes::validate_mesh_name;
+use super::meshes::{ActorMeshAccess, validate_mesh_name};
 use super::principals::Principal;
 use super::quotas::{self, Usage};
 use super::{State, db, sessions};
 use crate::engine::{DirGrant, Grants, LoadError, parse_env};
+use crate::mesh::PersistentActorMesh;
 use crate::run::{Prepared, RunError};
 
 /// The largest JSON body a route takes (HA-2).
@@ -1369,14 +1370,34 @@ async fn list_meshes(
 /// Whether `caller` may see (and stop) persistent actor mesh `mesh`: one
 /// its job spawned, or one on a persistent mesh it owns.
 fn may_see_actor_mesh(state: &State, caller: &Caller, mesh: &ActorMeshInfo) -> bool {
+    may_see_actor_mesh_on(state, caller, &mesh.mesh, &mesh.spawned_by)
+}
+
+/// The principal `owner`'s jobs may look up and respawn the persistent
+/// actor meshes it may see over HTTP, and no other (HA-1).
+pub(crate) fn actor_mesh_access(state: &Arc<State>, owner: &str) -> ActorMeshAccess {
+    let caller = Caller(state.principal_named(owner));
+    let state = Arc::downgrade(state);
+    Arc::new(move |mesh: &PersistentActorMesh| {
+        state.upgrade().is_some_and(|state| {
+            may_see_actor_mesh_on(&state, &caller, &mesh.proc_mesh, &mesh.spawned_by)
+        })
+    })
+}
+
+fn may_see_actor_mesh_on(
+    state: &State,
+    caller: &Caller,
+    proc_mesh: &str,
+    spawned_by: &str,
+) -> bool {
     if caller.0.is_admin() {
         return true;
     }
     let on_own = state
-        .persistent(&mesh.mesh)
+        .persistent(proc_mesh)
         .is_some_and(|m| m.owner.as_deref() == Some(caller.name()));
-    let spawner = mesh
-        .spawned_by
+    let spawner = spawned_by
         .strip_prefix("job ")
         .and_then(|id| id.parse::<u64>().ok())
         .and_then(|id| state.db.job(id).ok().flatten())

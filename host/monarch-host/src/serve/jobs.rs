@@ -484,6 +484,12 @@ async fn run(
     };
     state.counters.running.fetch_add(1, Ordering::Relaxed);
     let started = std::time::Instant::now();
+    let owner = state
+        .live()
+        .get(&id)
+        .map(|live| live.owner.clone())
+        .unwrap_or_default();
+    let access = super::handlers::actor_mesh_access(state, &owner);
     let cancel = {
         let mut cancelled = cancelled.clone();
         async move {
@@ -500,7 +506,7 @@ async fn run(
                     sandbox,
                     log.sink(),
                     mesh,
-                    Some(view.observer(id, state.actor_meshes.clone())),
+                    Some(view.observer(id, state.actor_meshes.clone(), access.clone())),
                     cancel,
                 )
                 .await
@@ -512,7 +518,7 @@ async fn run(
                     sandbox,
                     log.sink(),
                     mesh,
-                    Some(view.observer(id, state.actor_meshes.clone())),
+                    Some(view.observer(id, state.actor_meshes.clone(), access.clone())),
                     cancel,
                 )
                 .await

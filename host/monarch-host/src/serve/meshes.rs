@@ -303,11 +303,13 @@ impl MeshView {
         self: &Arc<Self>,
         job: u64,
         persistent: Arc<PersistentActorMeshes>,
+        access: ActorMeshAccess,
     ) -> Arc<dyn MeshObserver> {
         Arc::new(JobObserver {
             view: self.clone(),
             job,
             persistent,
+            access,
         })
     }
 
@@ -317,10 +319,15 @@ impl MeshView {
     }
 }
 
+/// Which persistent actor meshes a job may look up or respawn: those its
+/// principal may see over HTTP (HA-1).
+pub(crate) type ActorMeshAccess = Arc<dyn Fn(&PersistentActorMesh) -> bool + Send + Sync>;
+
 struct JobObserver {
     view: Arc<MeshView>,
     job: u64,
     persistent: Arc<PersistentActorMeshes>,
+    access: ActorMeshAccess,
 }
 
 impl MeshObserver for JobObserver {
@@ -356,6 +363,10 @@ impl MeshObserver for JobObserver {
 
     fn persistent_actors(&self) -> Option<Arc<PersistentActorMeshes>> {
         Some(self.persistent.clone())
+    }
+
+    fn may_use_actor_mesh(&self, mesh: &PersistentActorMesh) -> bool {
+        (self.access)(mesh)
     }
 }
 

@@ -197,6 +197,18 @@ struct UploadCounters {
 }
 
 impl State {
+    /// The principal `name` (a job's owner): the anonymous admin on a
+    /// server without tokens; a plain user of that name when the tokens
+    /// file no longer has it.
+    pub(crate) fn principal_named(&self, name: &str) -> Arc<principals::Principal> {
+        if self.principals.is_empty() {
+            return self.anonymous.clone();
+        }
+        self.principals
+            .named(name)
+            .unwrap_or_else(|| Arc::new(principals::Principal::former(name)))
+    }
+
     fn live(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<LiveJob>>> {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -94,6 +94,18 @@ impl Principal {
         self.role == Role::Admin
     }
 
+    /// A user named `name` with no token: a job's owner whom the tokens
+    /// file no longer names.
+    pub fn former(name: &str) -> Principal {
+        Principal {
+            name: name.to_string(),
+            role: Role::User,
+            quota: Quota::default(),
+            overridden: Quota::default(),
+            digest: [0; 32],
+        }
+    }
+
     /// The principal of a server without tokens: everyone, as admin.
     pub fn anonymous(quota: Quota) -> Principal {
         Principal {
@@ -146,6 +158,11 @@ impl Principals {
             }
         }
         found
+    }
+
+    /// The principal named `name`, if any.
+    pub fn named(&self, name: &str) -> Option<Arc<Principal>> {
+        self.all.iter().find(|p| p.name == name).cloned()
     }
 
     /// Adds the tokens of a legacy token file (one a line), each an admin
