@@ -362,6 +362,18 @@ impl Db {
 
     /// Records a queued job of principal `owner` and returns its id.
     #[allow(clippy::too_many_arguments)]
+    /// Records that job `id` runs with breakpoints (`debug`), so that a
+    /// restart requeues it so.
+    pub(crate) fn set_job_debug(&self, id: u64) -> Result<()> {
+        self.conn()
+            .execute(
+                "UPDATE jobs SET debug = 1 WHERE id = ?1",
+                params![id as i64],
+            )
+            .map(|_| ())
+            .map_err(db_err)
+    }
+
     pub(crate) fn insert_job(
         &self,
         owner: &str,
@@ -485,6 +497,8 @@ pub(crate) struct QueuedJob {
     pub(crate) mesh: Option<String>,
     pub(crate) limits: Limits,
     pub(crate) grants: Grants,
+    /// Submitted with breakpoints (`debug`).
+    pub(crate) debug: bool,
 }
 
 /// A persistent proc mesh's record: it is started again at each start of
@@ -545,7 +559,7 @@ fn recover(conn: &Connection) -> Result<Recovered> {
         )?;
         let queued = {
             let mut statement = tx.prepare(
-                "SELECT id, owner, component, args, mesh, limits, grants FROM jobs
+                "SELECT id, owner, component, args, mesh, limits, grants, debug FROM jobs
                  WHERE status = 'queued' ORDER BY id",
             )?;
             let rows = statement.query_map([], |row| {
@@ -564,6 +578,7 @@ fn recover(conn: &Connection) -> Result<Recovered> {
                         .get::<_, Option<String>>(6)?
                         .and_then(|text| serde_json::from_str(&text).ok())
                         .unwrap_or_default(),
+                    debug: row.get::<_, i64>(7)? != 0,
                 })
             })?;
             rows.collect::<rusqlite::Result<Vec<_>>>()?
@@ -655,6 +670,9 @@ const MIGRATIONS: &[&str] = &[
          extent TEXT NOT NULL,
          lost_at_ms INTEGER
      )",
+    // 5: whether a job was submitted with `debug` (breakpoints), so that
+    // a job a restart requeues keeps it (JR-1).
+    "ALTER TABLE jobs ADD COLUMN debug INTEGER NOT NULL DEFAULT 0",
 ];
 
 /// Applies the migrations a database has not had, each with its version
@@ -773,6 +791,7 @@ mod tests {
                 .insert_job("-", "c", &["q2".into()], None, &limits, &none)
                 .unwrap();
             assert_eq!(second, first + 1);
+            db.set_job_debug(second).unwrap();
             (done, running, fresh)
         };
         let (db, recovered) = Db::open(&path).unwrap();
@@ -783,6 +802,9 @@ mod tests {
             .iter()
             .map(|q| (q.owner.clone(), q.args.clone()))
             .collect();
+        // The second was submitted with breakpoints, and keeps them.
+        let debug: Vec<bool> = recovered.queued.iter().map(|q| q.debug).collect();
+        assert_eq!(debug, vec![false, true]);
         assert_eq!(
             queued,
             vec![

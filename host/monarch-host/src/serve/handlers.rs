@@ -836,6 +836,9 @@ async fn submit(
             &grants,
         )
         .map_err(internal)?;
+    if request.debug {
+        state.db.set_job_debug(id).map_err(internal)?;
+    }
     let started = jobs::start(
         &state,
         id,

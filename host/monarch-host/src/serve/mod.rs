@@ -572,7 +572,7 @@ impl State {
                 job.limits,
                 job.grants,
                 target,
-                false,
+                job.debug,
                 None,
                 Some(jobs::Turn {
                     go: go_rx,
