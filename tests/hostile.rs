@@ -3,7 +3,9 @@
 //! time: an infinite loop, a memory bomb, deep recursion, a resource-handle
 //! flood, calls never awaited, oversized payloads (a 1 GiB one, one past a
 //! frame, one past what a host call takes, a (pointer, length) that claims
-//! 1 GiB), forged mesh references, and files that were not granted. A table bomb is a small
+//! 1 GiB), forged mesh references, files that were not granted, a handle
+//! used after it was dropped, and random WIT calls (`fuzz`: slices,
+//! references, payload sizes, unknown endpoints, drops). A table bomb is a small
 //! component made here, since Rust has no `table.grow`.
 //!
 //! Each attack must end, within a bounded time, with an error that says
@@ -299,6 +301,136 @@ fn forged_references_from_an_actor_are_refused() {
     let run = attack("forged", true, &[]);
     assert_forged_lines(&run, "[hostile[0]]");
     assert_actor_attack(&run, &["every forged reference was refused"]);
+}
+
+/// The seeds of the `fuzz` runs: fixed, so that a failure replays with
+/// `monarch-host run hostile.wasm -- fuzz SEED 400`.
+const FUZZ_SEEDS: [u64; 3] = [7, 1009, 424_242];
+
+/// Operations per `fuzz` run.
+const FUZZ_OPS: u32 = 400;
+
+/// Runs `hostile fuzz SEED 400` (with `actor`: from an actor).
+fn fuzz(seed: u64, actor: bool) -> Command {
+    let (seed, ops) = (seed.to_string(), FUZZ_OPS.to_string());
+    let mut args = vec![env!("GUEST_HOSTILE"), "--", "fuzz", &seed, &ops];
+    if actor {
+        args.push("actor");
+    }
+    monarch_host(&args, LIMIT)
+}
+
+/// What a `fuzz` summary line (`fuzz seed 7: 400 operations, 250 ok, 150
+/// err, every actor answers (...); near the limit: 1 just below (1 ok), 0
+/// just past (all err); ...`) counts, checking that every operation ended
+/// with Ok or Err and both occurred.
+struct FuzzCounts {
+    /// Payloads and replies just below the host's limit, and how many of
+    /// them were delivered.
+    below: (u32, u32),
+    /// Payloads and replies just past it (the guest fails the run if one
+    /// ends Ok).
+    past: u32,
+}
+
+fn fuzz_counts(line: &str, seed: u64, run: &Command) -> FuzzCounts {
+    let head = format!("fuzz seed {seed}: {FUZZ_OPS} operations, ");
+    let counts = line
+        .split_once(&head)
+        .map(|(_, rest)| rest)
+        .unwrap_or_else(|| panic!("no {head:?} in {line}\n{run:?}"));
+    // The number just before `word`, after `after`.
+    let number = |after: &str, word: &str| -> u32 {
+        let rest = counts
+            .split_once(after)
+            .map(|(_, rest)| rest)
+            .unwrap_or_else(|| panic!("no {after:?} in {line}"));
+        rest.split_once(word)
+            .and_then(|(n, _)| n.rsplit(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no count before {word:?} in {line}"))
+    };
+    let (ok, err) = (number("", " ok, "), number(" ok, ", " err, "));
+    assert_eq!(ok + err, FUZZ_OPS, "{line}");
+    assert!(ok > 0 && err > 0, "both outcomes should occur: {line}");
+    assert!(counts.contains("every actor answers"), "{line}");
+    FuzzCounts {
+        below: (
+            number("near the limit: ", " just below"),
+            number(" just below (", " ok)"),
+        ),
+        past: number(" ok), ", " just past"),
+    }
+}
+
+/// `fuzz`: random WIT calls from the controller (slices, references of
+/// random and mutated bytes, payloads of every size up to just past the
+/// host's limit, unknown endpoints, handles dropped in random order) each
+/// end with a value, Ok or Err; nothing traps, the mesh still answers, and
+/// the run exits 0. Among the seeds, a payload just below the limit is
+/// delivered and one just past it is refused.
+#[test]
+fn fuzz_from_the_controller_ends_every_call_with_a_value() {
+    let (mut delivered_below, mut past) = (0, 0);
+    for seed in FUZZ_SEEDS {
+        let run = fuzz(seed, false);
+        assert_exit(&run, 0);
+        let line = printed(&run, &format!("[controller] fuzz seed {seed}: "));
+        let counts = fuzz_counts(line, seed, &run);
+        assert_eq!(counts.below.0, counts.below.1, "{line}");
+        delivered_below += counts.below.1;
+        past += counts.past;
+    }
+    assert!(delivered_below > 0, "no payload just below the limit");
+    assert!(past > 0, "no payload just past the limit");
+}
+
+/// `fuzz actor`: the same from inside an actor's endpoint, against a mesh
+/// the actor spawned; the attack ends with the summary, not a failure.
+#[test]
+fn fuzz_from_an_actor_ends_every_call_with_a_value() {
+    let seed = 31;
+    let run = fuzz(seed, true);
+    assert_actor_attack(&run, &[&format!("fuzz seed {seed}: ")]);
+    fuzz_counts(printed(&run, "the attack ended: "), seed, &run);
+}
+
+/// The handle number a `stale-handle` run dropped, from its log line.
+fn dropped_handle(run: &Command) -> String {
+    let line = printed(run, " dropped handle ");
+    line.split(" dropped handle ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .unwrap_or_else(|| panic!("no handle number in {line}"))
+        .to_string()
+}
+
+/// `stale-handle`: a controller that calls a method through a handle it
+/// dropped is refused by the canonical ABI's handle check: the run fails
+/// with an error naming the handle, and the host exits normally.
+#[test]
+fn a_handle_used_after_drop_is_refused_and_the_host_survives() {
+    let run = attack("stale-handle", false, &[]);
+    let handle = dropped_handle(&run);
+    assert_error(
+        &run,
+        &[
+            "a handle it had dropped or never had",
+            &format!("unknown handle index {handle}"),
+        ],
+    );
+
+    // From an actor: that rank fails with the trap, and the controller
+    // goes on; the other actor still answers.
+    let run = attack("stale-handle", true, &[]);
+    let handle = dropped_handle(&run);
+    assert_actor_attack(
+        &run,
+        &[
+            "a handle it had dropped or never had",
+            &format!("unknown handle index {handle}"),
+        ],
+    );
 }
 
 /// A directory granted as `/data` (read-only) holding `granted.txt`, a

@@ -11,6 +11,7 @@ use hyperactor::PortId;
 use hyperactor::fuzzing::sample_stream;
 use hyperactor_mesh::remote::{AgentHello, AgentInfo};
 use hyperactor_mesh::shape::{Extent, Selection, Shape};
+use monarch_host_fuzz::mesh_ref::{self, MeshRef};
 use monarch_host_fuzz::seeds;
 
 /// The archived layout of `AgentHello`: a `OncePortRef` archives as its
@@ -114,6 +115,69 @@ fn main() {
     for (name, kind, body) in bodies {
         write("api_json", name, &tagged(&[kind], body.as_bytes()));
     }
+
+    // Mesh references as the host writes them (`to-ref`): a mesh on two
+    // procs, a slice of a mesh of two actors per proc, one actor (no
+    // dimensions left); then a structured input (byte 0 odd) that
+    // `arbitrary` reads as fields.
+    let procs: Vec<hyperactor::ProcId> = [
+        "unix:/tmp/monarch-run1-0.sock,proc0",
+        "tcp:10.0.0.2:7071,proc1",
+    ]
+    .iter()
+    .map(|p| p.parse().expect("a proc id"))
+    .collect();
+    let references = [
+        (
+            "mesh",
+            MeshRef {
+                name: "workers".into(),
+                procs: procs.clone(),
+                per_proc: 1,
+                extent: vec![("hosts".into(), 2)],
+                ranks: vec![0, 1],
+            },
+        ),
+        (
+            "slice",
+            MeshRef {
+                name: "j7.counter".into(),
+                procs: procs.clone(),
+                per_proc: 2,
+                extent: vec![("hosts".into(), 2), ("gpus".into(), 1)],
+                ranks: vec![1, 3],
+            },
+        ),
+        (
+            "one-actor",
+            MeshRef {
+                name: "hostile".into(),
+                procs,
+                per_proc: 1,
+                extent: vec![],
+                ranks: vec![1],
+            },
+        ),
+    ];
+    for (name, reference) in references {
+        let bytes = mesh_ref::encode(&reference);
+        assert_eq!(mesh_ref::parse(&bytes).as_ref(), Ok(&reference));
+        write("reference", name, &tagged(&[0], &bytes));
+    }
+    // Fields that make an accepted reference (two procs, extent
+    // `H=2, procs=1`), found by a search over random inputs.
+    write(
+        "reference",
+        "fields",
+        &tagged(
+            &[1],
+            &[
+                0, 192, 49, 89, 251, 62, 220, 143, 214, 195, 146, 85, 39, 37, 27, 217, 106, 48,
+                120, 210, 215, 26, 248, 107, 3, 127, 15, 99, 63, 141, 72, 232, 119, 169, 18, 250,
+                177, 86, 212, 175, 18, 54, 58, 236, 123, 59, 137, 174,
+            ],
+        ),
+    );
 
     for (name, bytes) in seeds::components() {
         write("component", name, &bytes);

@@ -32,6 +32,12 @@ mod footprint;
 #[allow(dead_code)]
 pub mod api;
 
+/// The host's reader and writer of actor mesh references
+/// (`ActorMeshHandle::from_ref`/`to_ref`), built from their source for the
+/// same reason; it depends on serde_json and hyperactor alone.
+#[path = "../../host/monarch-host/src/mesh/reference.rs"]
+pub mod mesh_ref;
+
 /// Stand-ins for the `crate::debug` types `api.rs` names, which only
 /// answers (never requests) carry.
 pub mod debug {
@@ -212,6 +218,182 @@ where
         serde_json::to_string(&again).expect("a request serializes"),
         text
     );
+}
+
+/// Target `reference`: the bytes of an actor mesh reference that a guest
+/// hands back to `actor-mesh.from-ref` (`mesh_ref::parse`).
+///
+/// Byte 0 picks the form: the rest as raw bytes, or the rest read by
+/// `arbitrary` as the fields of a reference (mostly plausible ones), which
+/// are written as JSON and then edited byte by byte, so that the fuzzer
+/// reaches the checks past JSON quickly. What `parse` accepts must hold
+/// MR-1 (ranks fill the extent, each inside the mesh, `per_proc > 0`, no
+/// dimension twice) and MR-2 (`encode` writes what reads back the same).
+pub fn reference(data: &[u8]) {
+    let [kind, rest @ ..] = data else {
+        return;
+    };
+    if kind.is_multiple_of(2) {
+        check_reference(rest);
+    } else if let Ok(fields) = Unstructured::new(rest).arbitrary::<RefFields>() {
+        check_reference(&fields.to_bytes());
+    }
+}
+
+fn check_reference(bytes: &[u8]) {
+    let Ok(parsed) = mesh_ref::parse(bytes) else {
+        return;
+    };
+    // MR-1.
+    let points = parsed
+        .extent
+        .iter()
+        .try_fold(1u64, |size, (_, n)| size.checked_mul(u64::from(*n)));
+    assert_eq!(points, Some(parsed.ranks.len() as u64), "{parsed:?}");
+    assert!(parsed.per_proc > 0, "{parsed:?}");
+    let limit = parsed.procs.len() as u64 * u64::from(parsed.per_proc);
+    assert!(
+        parsed.ranks.iter().all(|&r| u64::from(r) < limit),
+        "{parsed:?}"
+    );
+    let mut names: Vec<&str> = parsed.extent.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), parsed.extent.len(), "{parsed:?}");
+    // A view made from it slices like any other: its extent is one.
+    if !parsed.extent.is_empty() {
+        let dims = parsed.extent.iter().map(|(n, s)| (n.clone(), *s as usize));
+        if let Err(e) = Extent::new(dims) {
+            panic!("an accepted reference's extent is refused: {e}: {parsed:?}");
+        }
+    }
+    // MR-2.
+    let encoded = mesh_ref::encode(&parsed);
+    let again = mesh_ref::parse(&encoded).unwrap_or_else(|e| {
+        panic!(
+            "an encoded reference does not read back: {e}: {}",
+            String::from_utf8_lossy(&encoded)
+        )
+    });
+    assert_eq!(again, parsed);
+}
+
+/// Proc ids of every transport, as the host writes them.
+const PROCS: [&str; 4] = [
+    "local:ctl,proc0",
+    "unix:/tmp/monarch-run1-0.sock,proc1",
+    "tcp:10.0.0.2:7071,proc3",
+    "tcp:[::1]:4000,p",
+];
+
+/// The fields of a mesh reference, mostly plausible, then edits of its
+/// JSON: the structured mode of the `reference` target.
+#[derive(Debug, Arbitrary)]
+struct RefFields {
+    /// `monarch`: absent, right, or any text.
+    monarch: Option<Option<String>>,
+    version: Option<u32>,
+    name: Pick,
+    procs: Vec<Pick>,
+    per_proc: Size,
+    extent: Vec<(Pick, Size)>,
+    ranks: Ranks,
+    edits: Vec<Edit>,
+}
+
+/// A value among a few valid ones (by index), or any text.
+#[derive(Debug, Arbitrary)]
+enum Pick {
+    Known(u8),
+    Any(String),
+}
+
+/// A size: small mostly, any `u32` at times.
+#[derive(Debug, Arbitrary)]
+enum Size {
+    Small(u8),
+    Any(u32),
+}
+
+impl Size {
+    fn get(&self) -> u32 {
+        match *self {
+            Size::Small(n) => u32::from(n % 8),
+            Size::Any(n) => n,
+        }
+    }
+}
+
+/// The ranks: the extent's points in order (of a small mesh), reversed,
+/// or any list.
+#[derive(Debug, Arbitrary)]
+enum Ranks {
+    InOrder,
+    Reversed,
+    Given(Vec<u32>),
+}
+
+/// A byte edit of the written JSON.
+#[derive(Debug, Arbitrary)]
+enum Edit {
+    Flip(u16, u8),
+    Insert(u16, u8),
+    Delete(u16),
+    Truncate(u16),
+}
+
+impl RefFields {
+    fn to_bytes(&self) -> Vec<u8> {
+        let pick = |p: &Pick, known: &[&str]| match p {
+            Pick::Known(i) => known[usize::from(*i) % known.len()].to_string(),
+            Pick::Any(text) => text.clone(),
+        };
+        let extent: Vec<(String, u32)> = self
+            .extent
+            .iter()
+            .map(|(name, size)| (pick(name, &["hosts", "gpus", "procs", "x"]), size.get()))
+            .collect();
+        let points = extent
+            .iter()
+            .try_fold(1u32, |size, (_, n)| size.checked_mul(*n))
+            .filter(|&n| n as usize <= MAX_POINTS)
+            .unwrap_or(0);
+        let ranks: Vec<u32> = match &self.ranks {
+            Ranks::InOrder => (0..points).collect(),
+            Ranks::Reversed => (0..points).rev().collect(),
+            Ranks::Given(ranks) => ranks.clone(),
+        };
+        let mut value = serde_json::json!({
+            "name": pick(&self.name, &["workers", "hostile", "j7.counter", "p.persist"]),
+            "procs": self.procs.iter().map(|p| pick(p, &PROCS)).collect::<Vec<_>>(),
+            "per_proc": self.per_proc.get(),
+            "extent": extent,
+            "ranks": ranks,
+        });
+        if let Some(marker) = &self.monarch {
+            value["monarch"] = marker.as_deref().unwrap_or("actor-mesh").into();
+        }
+        if let Some(version) = self.version {
+            value["version"] = (version % 3).into();
+        }
+        let mut bytes = value.to_string().into_bytes();
+        for edit in &self.edits {
+            let at = |i: u16, len: usize| usize::from(i) % (len + 1);
+            match *edit {
+                Edit::Flip(i, mask) if !bytes.is_empty() => {
+                    let i = usize::from(i) % bytes.len();
+                    bytes[i] ^= mask;
+                }
+                Edit::Insert(i, byte) => bytes.insert(at(i, bytes.len()), byte),
+                Edit::Delete(i) if !bytes.is_empty() => {
+                    bytes.remove(usize::from(i) % bytes.len());
+                }
+                Edit::Truncate(i) => bytes.truncate(at(i, bytes.len())),
+                _ => {}
+            }
+        }
+        bytes
+    }
 }
 
 /// One selection step as a guest asks for it through WIT (`slice-dim`):
@@ -409,5 +591,23 @@ fn exercise(shape: &Shape) {
     for label in shape.labels().iter().take(4) {
         let _ = shape.select(label, Selector::Index(0));
         let _ = shape.select(label, Selector::range(0, usize::MAX));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The structured seed of `reference` starts the fuzzer past JSON and
+    /// past the checks: its fields make a reference the host accepts.
+    #[test]
+    fn the_fields_seed_makes_an_accepted_reference() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/corpus/reference/seed-fields");
+        let seed = std::fs::read(path).expect("the seed");
+        assert_eq!(seed[0] % 2, 1, "a structured input");
+        let fields: RefFields = Unstructured::new(&seed[1..]).arbitrary().expect("fields");
+        let accepted = mesh_ref::parse(&fields.to_bytes()).expect("an accepted reference");
+        assert_eq!(accepted.procs.len(), 2);
+        assert_eq!(accepted.ranks.len(), 2);
     }
 }

@@ -8,17 +8,18 @@ use std::path::{Path, PathBuf};
 
 use hyperactor::ClusterToken;
 use hyperactor::fuzzing::receive_stream;
-use monarch_host_fuzz::{MAX_FRAME, api_json, component, frame, hello, shape};
+use monarch_host_fuzz::{MAX_FRAME, api_json, component, frame, hello, mesh_ref, reference, shape};
 
 /// A fuzz target's check.
 type Check = fn(&[u8]);
 
-const TARGETS: [(&str, Check); 5] = [
+const TARGETS: [(&str, Check); 6] = [
     ("frame", frame),
     ("hello", hello),
     ("shape", shape),
     ("component", component),
     ("api_json", api_json),
+    ("reference", reference),
 ];
 
 fn inputs(dir: &str, target: &str) -> Vec<PathBuf> {
@@ -105,4 +106,31 @@ fn api_json_seeds_are_requests_the_server_reads() {
         };
         read.unwrap_or_else(|e| panic!("{} is refused: {e}", path.display()));
     }
+}
+
+#[test]
+fn reference_seeds_are_references_the_host_reads() {
+    let mut raw = 0;
+    for path in inputs("corpus", "reference") {
+        let bytes = read(&path);
+        if bytes[0].is_multiple_of(2) {
+            mesh_ref::parse(&bytes[1..])
+                .unwrap_or_else(|e| panic!("{} is refused: {e}", path.display()));
+            raw += 1;
+        }
+    }
+    assert!(raw >= 3, "too few raw references among the seeds");
+}
+
+#[test]
+fn a_reference_whose_ranks_leave_the_mesh_is_refused() {
+    let path = inputs("corpus", "reference")
+        .into_iter()
+        .find(|p| p.ends_with("seed-mesh"))
+        .expect("the mesh seed");
+    let text = String::from_utf8(read(&path)[1..].to_vec()).expect("JSON text");
+    let outside = text.replace("[0,1]", "[0,2]");
+    assert_ne!(outside, text, "the seed's ranks are [0,1]");
+    let error = mesh_ref::parse(outside.as_bytes()).unwrap_err();
+    assert!(error.contains("a rank is outside the mesh"), "{error}");
 }

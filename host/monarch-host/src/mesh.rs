@@ -20,6 +20,8 @@ use hyperactor_mesh::shape::{Extent, Selector, Shape};
 
 use crate::bindings::{Dim, Selector as WitSelector, SliceDim};
 
+pub(crate) mod reference;
+
 /// A proc mesh: procs in an extent.
 pub struct ProcMeshHandle {
     pub(crate) extent: Vec<Dim>,
@@ -123,75 +125,31 @@ impl ActorMeshHandle {
         }
     }
 
-    /// A reference that can travel inside a payload.
+    /// A reference that can travel inside a payload (`reference`).
     pub(crate) fn to_ref(&self) -> Vec<u8> {
-        let value = serde_json::json!({
-            "monarch": "actor-mesh",
-            "version": 1,
-            "name": self.base.name,
-            "procs": self.base.procs.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
-            "per_proc": self.base.per_proc,
-            "extent": self.extent.iter().map(|d| (d.name.clone(), d.size)).collect::<Vec<_>>(),
-            "ranks": self.ranks,
-        });
-        value.to_string().into_bytes()
+        reference::encode(&reference::MeshRef {
+            name: self.base.name.clone(),
+            procs: self.base.procs.clone(),
+            per_proc: self.base.per_proc,
+            extent: self
+                .extent
+                .iter()
+                .map(|d| (d.name.clone(), d.size))
+                .collect(),
+            ranks: self.ranks.clone(),
+        })
     }
 
-    /// The mesh a reference names.
+    /// The mesh a reference names, checked (MR-1 of `reference`).
     pub(crate) fn from_ref(bytes: &[u8]) -> Result<Self, String> {
-        #[derive(serde::Deserialize)]
-        struct Wire {
-            monarch: Option<String>,
-            version: Option<u32>,
-            name: String,
-            procs: Vec<String>,
-            per_proc: u32,
-            extent: Vec<(String, u32)>,
-            ranks: Vec<u32>,
-        }
-        let wire: Wire = serde_json::from_slice(bytes)
-            .map_err(|e| format!("not an actor mesh reference: {e}"))?;
-        if wire.monarch.as_deref().is_some_and(|m| m != "actor-mesh")
-            || wire.version.unwrap_or(1) != 1
-        {
-            return Err("not an actor mesh reference of version 1 (see wit/README.md)".into());
-        }
-        hyperactor::id::validate_name(&wire.name)
-            .map_err(|e| format!("actor mesh reference: {e}"))?;
-        let extent: Vec<Dim> = wire
+        let parsed = reference::parse(bytes)?;
+        let extent = parsed
             .extent
             .into_iter()
             .map(|(name, size)| Dim { name, size })
             .collect();
-        if let Some(twice) = extent
-            .iter()
-            .enumerate()
-            .find(|(i, d)| extent[..*i].iter().any(|e| e.name == d.name))
-        {
-            return Err(format!(
-                "actor mesh reference: the dimension `{}` is named twice",
-                twice.1.name
-            ));
-        }
-        if checked_extent_size(&extent).map(|n| n as usize) != Some(wire.ranks.len())
-            || wire.per_proc == 0
-        {
-            return Err("actor mesh reference: extent and ranks disagree".into());
-        }
-        let procs = wire
-            .procs
-            .iter()
-            .map(|p| {
-                p.parse::<ProcId>()
-                    .map_err(|e| format!("actor mesh reference: {e}"))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let limit = procs.len() as u64 * wire.per_proc as u64;
-        if wire.ranks.iter().any(|&r| r as u64 >= limit) {
-            return Err("actor mesh reference: a rank is outside the mesh".into());
-        }
-        let base = Arc::new(MeshBase::new(wire.name, procs, wire.per_proc));
-        Ok(ActorMeshHandle::new(base, extent, wire.ranks))
+        let base = Arc::new(MeshBase::new(parsed.name, parsed.procs, parsed.per_proc));
+        Ok(ActorMeshHandle::new(base, extent, parsed.ranks))
     }
 }
 
@@ -729,13 +687,7 @@ mod tests {
         assert!(ActorMeshHandle::from_ref(b"nonsense").is_err());
     }
 
-    /// A reference as JSON with these fields.
-    fn forged(extent: &str, ranks: &str) -> Vec<u8> {
-        format!(
-            r#"{{"name":"m","procs":["local:x,p"],"per_proc":1,"extent":{extent},"ranks":{ranks}}}"#
-        )
-        .into_bytes()
-    }
+    use super::reference::tests::forged;
 
     #[test]
     fn ex_1_forged_extents_are_refused_without_overflow() {

@@ -503,6 +503,11 @@ pub(crate) fn limit_hit(error: &wasmtime::Error) -> Option<String> {
         if text.contains("fuel allocated for hostcalls has been exhausted") {
             return Some(crate::host::payload_too_large());
         }
+        if text.starts_with("unknown handle index") {
+            return Some(format!(
+                "{BAD_ARGUMENT}the guest used a handle it had dropped or never had ({text})"
+            ));
+        }
         if text.contains("pointer/length out of bounds of memory") {
             return Some(format!(
                 "{BAD_ARGUMENT}the guest handed the host a list or string whose pointer and length lie outside its memory"

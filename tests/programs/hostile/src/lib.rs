@@ -3,11 +3,11 @@
 //! every mode both ways and checks that each attack ends with an error that
 //! says what happened, and that the host and other jobs carry on.
 //!
-//! `hostile MODE [actor]`. Without `actor` the controller attacks; with it,
-//! rank 0 of a `Hostile` mesh on two procs attacks inside its `attack`
-//! endpoint, the controller logs how the call ended (`the attack ended:
-//! KIND: MESSAGE`), checks that rank 1, on the other proc, still answers,
-//! and returns Ok. The modes:
+//! `hostile MODE [ARGS...] [actor]`. Without `actor` the controller
+//! attacks; with it, rank 0 of a `Hostile` mesh on two procs attacks
+//! inside its `attack` endpoint, the controller logs how the call ended
+//! (`the attack ended: KIND: MESSAGE`), checks that rank 1, on the other
+//! proc, still answers, and returns Ok. The modes:
 //!
 //! - `loop`: computes forever without calling the host. Only the run's
 //!   deadline (`--timeout`) or the handler deadline (`--handler-timeout`)
@@ -36,6 +36,17 @@
 //!   of the granted `/data`, a symlink in `/data` to a file outside it. Each
 //!   refusal is logged as `reading PATH was refused: ERROR`; any read that
 //!   succeeds fails the run. `/data/granted.txt` must be readable.
+//! - `fuzz SEED COUNT` (`hostile fuzz 7 400 [actor]`): COUNT random WIT
+//!   calls on a mesh of its own, picked by a generator seeded with SEED
+//!   (see `fuzz.rs`): slices, `from-ref` of random and mutated references,
+//!   payloads and replies of every size up to just past the host's limit,
+//!   unknown endpoints, drops of handles in random order. Each must end
+//!   with Ok or Err, never a trap; the mode ends with the summary `fuzz
+//!   seed SEED: COUNT operations, N ok, M err, every actor answers (...)`
+//!   once every actor of its mesh still answers.
+//! - `stale-handle`: drops an actor mesh handle, then calls `name` through
+//!   the same handle number again (the bindings' unsafe `from_handle`),
+//!   which the host must refuse with a trap naming the handle.
 
 use std::time::Duration;
 
@@ -43,6 +54,8 @@ use monarch_guest::bindings::monarch::host::mesh as wit_mesh;
 use monarch_guest::prelude::*;
 use monarch_guest::{MeshRef, codec};
 use serde::{Deserialize, Serialize};
+
+mod fuzz;
 
 /// `attack`: runs one mode against `target`; replies with what the mode
 /// saw, when it ends at all.
@@ -157,11 +170,13 @@ impl Handler<Ping> for Hostile {
     }
 }
 
-/// Runs `mode` as `who`, against the actor mesh `target` (one actor, on
-/// another proc) where the mode needs one.
+/// Runs `mode` (its name, then its arguments, separated by spaces) as
+/// `who`, against the actor mesh `target` (one actor, on another proc)
+/// where the mode needs one.
 async fn run_mode(mode: &str, target: &ActorMesh<Hostile>, who: &str) -> Result<String, String> {
     info!("{who} attacks: {mode}");
-    match mode {
+    let words: Vec<&str> = mode.split(' ').collect();
+    match words[0] {
         "loop" => spin_forever(),
         "memory" => eat(who),
         "recursion" => {
@@ -174,10 +189,49 @@ async fn run_mode(mode: &str, target: &ActorMesh<Hostile>, who: &str) -> Result<
         "payload-len" => forged_length(target),
         "forged" => forged(target).await,
         "files" => files(),
+        "fuzz" => fuzz::run(&words[1..]).await,
+        "stale-handle" => stale_handle(target, who),
         other => Err(format!(
-            "unknown mode `{other}`; the modes are loop, memory, recursion, handles, requests, payload, payload-len, forged, files"
+            "unknown mode `{other}`; the modes are {}",
+            MODES.join(", ")
         )),
     }
+}
+
+/// Every mode, as `run_mode` knows it.
+const MODES: [&str; 11] = [
+    "loop",
+    "memory",
+    "recursion",
+    "handles",
+    "requests",
+    "payload",
+    "payload-len",
+    "forged",
+    "files",
+    "fuzz",
+    "stale-handle",
+];
+
+/// `stale-handle`; see the crate docs.
+fn stale_handle(target: &ActorMesh<Hostile>, who: &str) -> Result<String, String> {
+    let raw = raw_mesh(target)?;
+    let number = raw.handle();
+    info!("{who} holds the actor mesh handle {number}: {}", raw.name());
+    drop(raw);
+    info!("{who} dropped handle {number} and calls `name` through it");
+    // SAFETY: none; the handle was dropped on purpose, so that the guest
+    // hands the host a handle number it no longer owns. The host must
+    // refuse it (the canonical ABI checks every handle against the
+    // instance's table).
+    let stale = unsafe { wit_mesh::ActorMesh::from_handle(number) };
+    let name = stale.name();
+    // Reached only if the host took the dropped handle; dropping it again
+    // would hand it the same handle a second time.
+    std::mem::forget(stale);
+    Err(format!(
+        "the host answered through the dropped handle {number}: `{name}`"
+    ))
 }
 
 /// A loop the optimizer must keep, with no call out of the instance.
@@ -507,12 +561,18 @@ fn mesh_json(
 }
 
 async fn main(args: Vec<String>) -> Result<(), String> {
-    let usage = "usage: hostile MODE [actor]";
-    let mode = args.first().ok_or(usage)?.clone();
-    let in_actor = match args.get(1).map(String::as_str) {
-        None => false,
-        Some("actor") => true,
-        Some(other) => return Err(format!("{usage}; unknown `{other}`")),
+    let usage = "usage: hostile MODE [actor], or hostile fuzz SEED COUNT [actor]";
+    let first = args.first().ok_or(usage)?;
+    // A mode and its arguments travel to the attacking actor as one string.
+    let words = if first == "fuzz" { 3 } else { 1 };
+    if args.len() < words {
+        return Err(usage.into());
+    }
+    let mode = args[..words].join(" ");
+    let in_actor = match &args[words..] {
+        [] => false,
+        [last] if last == "actor" => true,
+        rest => return Err(format!("{usage}; unknown `{}`", rest.join(" "))),
     };
     if mode == "files" && !in_actor {
         return files().map(|done| info!("{done}"));
