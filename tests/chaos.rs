@@ -23,14 +23,13 @@ mod mesh_support;
 mod netns;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hyperactor_mesh::agent::MeshEvent;
 use hyperactor_mesh::client::{ActorSpec, MeshClient};
-use hyperactor_mesh::remote::{Liveness, RemoteAllocator};
+use hyperactor_mesh::remote::Liveness;
 use hyperactor_mesh::{CastMode, CastTarget, Caster, Outcome, RankError};
-use netns::{Agent, NetCluster, start_agent};
+use netns::{Agent, NetCluster, mesh_client, start_agent};
 
 const TOKEN: &str = "chaos-test-token";
 const HOSTS: usize = 3;
@@ -181,7 +180,6 @@ async fn calls_survive_kills_partitions_and_pauses() {
 
     let net = NetCluster::new(HOSTS).expect("namespaces");
     let agents: Vec<Agent> = (0..HOSTS).map(|i| start_mesh_agent(&net, i)).collect();
-    let local = format!("tcp:{}:0", net.root_ip());
     // A host is lost only past 5 s of silence: the pauses and cuts below
     // last about one second, so they test stalls, not host loss.
     let liveness = Liveness {
@@ -189,28 +187,7 @@ async fn calls_survive_kills_partitions_and_pauses() {
         host_timeout: Duration::from_secs(5),
         keepalive: Duration::from_secs(8),
     };
-    let allocator = RemoteAllocator::new(
-        local.parse().unwrap(),
-        agents
-            .iter()
-            .map(|a| format!("tcp:{}", a.addr).parse().unwrap())
-            .collect(),
-        TOKEN.into(),
-        liveness,
-    )
-    .await
-    .expect("the agents answer");
-    let client = MeshClient::with_config(
-        local.parse().unwrap(),
-        hyperactor::ProcConfig {
-            cluster_token: hyperactor::ClusterToken::new(TOKEN),
-            ..hyperactor::ProcConfig::default()
-        },
-        Arc::new(allocator),
-        Arc::new(|_: &str| {}),
-    )
-    .await
-    .unwrap();
+    let client = mesh_client(&net, &agents, TOKEN, liveness).await;
     let mut events = client.subscribe();
     let mut generation = 0;
     let mut mesh = spawn_mesh(&client, generation)

@@ -22,10 +22,10 @@ use std::time::{Duration, Instant};
 use hyperactor_mesh::agent::MeshEvent;
 use hyperactor_mesh::cbor;
 use hyperactor_mesh::client::{ActorSpec, MeshClient};
-use hyperactor_mesh::remote::{Liveness, RemoteAllocator};
+use hyperactor_mesh::remote::Liveness;
 use hyperactor_mesh::{CastMode, CastTarget, Caster, Outcome, RankError, Reducer};
 use mesh_support::{alive, next_outcome};
-use netns::{Agent, NetCluster, start_agent};
+use netns::{Agent, NetCluster, mesh_client, start_agent};
 use tokio::sync::mpsc;
 
 const TOKEN: &str = "mesh-hosts-test-token";
@@ -63,29 +63,7 @@ async fn hosts(count: usize, procs: usize, liveness: Liveness) -> Hosts {
             start_agent(&net, i, env!("CARGO_BIN_EXE_mesh-worker"), &args)
         })
         .collect();
-    let local = format!("tcp:{}:0", net.root_ip());
-    let allocator = RemoteAllocator::new(
-        local.parse().unwrap(),
-        agents
-            .iter()
-            .map(|a| format!("tcp:{}", a.addr).parse().unwrap())
-            .collect(),
-        TOKEN.into(),
-        liveness,
-    )
-    .await
-    .expect("the agents answer");
-    let client = MeshClient::with_config(
-        local.parse().unwrap(),
-        hyperactor::ProcConfig {
-            cluster_token: hyperactor::ClusterToken::new(TOKEN),
-            ..hyperactor::ProcConfig::default()
-        },
-        Arc::new(allocator),
-        Arc::new(|_: &str| {}),
-    )
-    .await
-    .unwrap();
+    let client = mesh_client(&net, &agents, TOKEN, liveness).await;
     let events = client.subscribe();
     let allocated = client.spawn_procs(procs).await.unwrap();
     let ids: Vec<_> = allocated.iter().map(|a| a.proc.clone()).collect();

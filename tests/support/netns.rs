@@ -297,3 +297,36 @@ pub fn start_agent(net: &NetCluster, i: usize, program: &str, args: &[String]) -
     assert!(!addr.is_empty(), "agent printed {line:?}");
     Agent { child, addr }
 }
+
+/// A mesh client in the root namespace whose procs the `agents` start,
+/// all with the cluster `token`.
+pub async fn mesh_client(
+    net: &NetCluster,
+    agents: &[Agent],
+    token: &str,
+    liveness: hyperactor_mesh::remote::Liveness,
+) -> std::sync::Arc<hyperactor_mesh::client::MeshClient> {
+    let local = format!("tcp:{}:0", net.root_ip());
+    let allocator = hyperactor_mesh::remote::RemoteAllocator::new(
+        local.parse().expect("an address"),
+        agents
+            .iter()
+            .map(|a| format!("tcp:{}", a.addr).parse().expect("an address"))
+            .collect(),
+        token.into(),
+        liveness,
+    )
+    .await
+    .expect("the agents answer");
+    hyperactor_mesh::client::MeshClient::with_config(
+        local.parse().expect("an address"),
+        hyperactor::ProcConfig {
+            cluster_token: hyperactor::ClusterToken::new(token),
+            ..hyperactor::ProcConfig::default()
+        },
+        std::sync::Arc::new(allocator),
+        std::sync::Arc::new(|_: &str| {}),
+    )
+    .await
+    .expect("a mesh client")
+}
