@@ -639,8 +639,7 @@ impl<T: Send + 'static> Link<T> {
                 Ok(Ok(conn)) => conn,
                 Ok(Err(e)) => {
                     last_error = e.to_string();
-                    let _ =
-                        tokio::time::timeout(backoff.min(remaining), self.wake.notified()).await;
+                    self.back_off(backoff.min(remaining)).await;
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                     continue;
                 }
@@ -703,6 +702,27 @@ impl<T: Send + 'static> Link<T> {
                     self.die(reason);
                     return;
                 }
+            }
+        }
+    }
+
+    /// Waits `pause` before the next dial, unless the peer's connection
+    /// is adopted (or the link ends) meanwhile: frames sent meanwhile do
+    /// not cut the wait short.
+    async fn back_off(&self, pause: Duration) {
+        let until = tokio::time::Instant::now() + pause;
+        loop {
+            {
+                let st = self.state.lock();
+                if st.dead || st.conn.is_some() {
+                    return;
+                }
+            }
+            if tokio::time::timeout_at(until, self.wake.notified())
+                .await
+                .is_err()
+            {
+                return;
             }
         }
     }
