@@ -157,29 +157,7 @@ async fn manifest_matches_golden_and_keeps_the_token_out_of_argv() {
     let scratch = Scratch::new("golden");
     let token = scratch.token("0123456789abcdef");
     let token = token.to_str().expect("a UTF-8 path");
-    let run = k8s(
-        &scratch,
-        &[
-            "manifest",
-            "--name",
-            NAME,
-            "--replicas",
-            "4",
-            "--image",
-            "registry.example.com/monarch-host:0.1.0",
-            "--namespace",
-            NAMESPACE,
-            "--gpus",
-            "8",
-            "--label",
-            "kueue.x-k8s.io/queue-name=team-a",
-            "--label",
-            "team=research",
-            "--token-file",
-            token,
-        ],
-    )
-    .await;
+    let run = k8s(&scratch, &golden_flags(token)).await;
     assert_eq!(run.code, Some(0), "{run:?}");
     golden("manifest.yaml", &run.stdout);
     // The token is only in the Secret's data, base64 as Kubernetes wants.
@@ -215,6 +193,144 @@ async fn manifest_matches_golden_and_keeps_the_token_out_of_argv() {
     .await;
     assert_eq!(run.code, Some(0), "{run:?}");
     golden("monarchmesh.yaml", &run.stdout);
+}
+
+/// The flags of the golden manifest, with `token` in the Secret.
+fn golden_flags(token: &str) -> Vec<&str> {
+    vec![
+        "manifest",
+        "--name",
+        NAME,
+        "--replicas",
+        "4",
+        "--image",
+        "registry.example.com/monarch-host:0.1.0",
+        "--namespace",
+        NAMESPACE,
+        "--gpus",
+        "8",
+        "--label",
+        "kueue.x-k8s.io/queue-name=team-a",
+        "--label",
+        "team=research",
+        "--token-file",
+        token,
+    ]
+}
+
+#[tokio::test]
+async fn manifest_with_a_tls_secret_mounts_it_and_drops_insecure() {
+    let scratch = Scratch::new("tls");
+    let token = scratch.token("0123456789abcdef");
+    let token = token.to_str().expect("a UTF-8 path");
+
+    // Without --tls-secret: --insecure, and a warning that names the flag.
+    let plain = k8s(&scratch, &golden_flags(token)).await;
+    assert_eq!(plain.code, Some(0), "{plain:?}");
+    assert!(plain.stdout.contains("- --insecure\n"), "{plain:?}");
+    let warning = plain
+        .stderr
+        .lines()
+        .find(|line| line.contains("WARNING"))
+        .unwrap_or_else(|| panic!("no warning in {plain:?}"));
+    for words in ["--insecure", "travel in clear", "token", "--tls-secret"] {
+        assert!(warning.contains(words), "no {words:?} in {warning:?}");
+    }
+
+    let mut flags = golden_flags(token);
+    flags.extend(["--tls-secret", "train-tls"]);
+    let run = k8s(&scratch, &flags).await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    golden("manifest-tls.yaml", &run.stdout);
+    assert!(!run.stdout.contains("--insecure"), "{run:?}");
+    assert!(
+        run.stdout
+            .contains("        - --tls-dir\n        - /etc/monarch-tls\n"),
+        "{run:?}"
+    );
+    assert!(run.stdout.contains("secretName: train-tls"), "{run:?}");
+    assert!(!run.stdout.contains("ca.key"), "{run:?}");
+    // Only the TLS parts differ from the manifest without it.
+    let extra: Vec<&str> = run
+        .stdout
+        .lines()
+        .filter(|line| !plain.stdout.lines().any(|p| p == *line))
+        .collect();
+    assert!(
+        extra.iter().all(|line| [
+            "tls",
+            "ca.pem",
+            "host.pem",
+            "host.key",
+            "defaultMode",
+            "readOnly",
+            "items:"
+        ]
+        .iter()
+        .any(|w| line.contains(w))),
+        "{extra:?}"
+    );
+    assert!(!run.stderr.contains("WARNING"), "{run:?}");
+    assert!(
+        run.stderr.contains(
+            "kubectl create secret generic train-tls -n ml --from-file=ca.pem=D/ca.pem \
+             --from-file=host.pem=D/host.pem --from-file=host.key=D/host.key"
+        ),
+        "{run:?}"
+    );
+    // The token is still only in the Secret's data.
+    assert!(!run.stdout.contains("0123456789abcdef"), "{run:?}");
+}
+
+#[tokio::test]
+async fn manifest_refuses_a_tls_secret_that_is_not_a_secret_name() {
+    let scratch = Scratch::new("bad-tls");
+    for bad in ["Train-TLS", "train_tls", "-tls", "tls.", "a..b"] {
+        // `=`: a value may start with `-`.
+        let flag = format!("--tls-secret={bad}");
+        let run = k8s(
+            &scratch,
+            &[
+                "manifest",
+                "--name",
+                NAME,
+                "--replicas",
+                "1",
+                "--image",
+                "img:1",
+                &flag,
+            ],
+        )
+        .await;
+        assert_eq!(run.code, Some(2), "{bad}: {run:?}");
+        assert!(
+            run.stderr
+                .contains(&format!("`{bad}` is not a Kubernetes Secret name")),
+            "{bad}: {run:?}"
+        );
+        assert!(run.stderr.contains("--tls-secret"), "{bad}: {run:?}");
+        assert!(run.stdout.is_empty(), "{run:?}");
+    }
+    // The token Secret's own name would be overwritten by `k8s manifest`.
+    let run = k8s(
+        &scratch,
+        &[
+            "manifest",
+            "--name",
+            NAME,
+            "--replicas",
+            "1",
+            "--image",
+            "img:1",
+            "--tls-secret",
+            "train-token",
+        ],
+    )
+    .await;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert!(run.stderr.contains("token Secret"), "{run:?}");
+    assert!(run.stdout.is_empty(), "{run:?}");
+    assert!(!scratch.clusters().join("train.token").exists());
 }
 
 #[tokio::test]
@@ -709,10 +825,115 @@ async fn attach_waits_out_a_pod_restart_and_addresses_pods_by_dns() {
         ])
     );
     assert!(!file.to_string().contains("10.0.0."), "{file}");
+    // The pods' agents have no --tls-dir.
+    assert_eq!(file["spec"]["tls"], json!("false"), "{file}");
     assert!(
-        run.stdout.contains("monarch-host run --cluster train"),
+        run.stdout
+            .contains("monarch-host run --cluster train PROGRAM.wasm"),
         "{run:?}"
     );
+}
+
+/// `pod` whose agent container runs `command`.
+fn pod_running(name: &str, uid: &str, version: &str, command: &[&str]) -> Value {
+    let mut pod = pod(name, uid, version, Some("10.0.0.1"), PodIs::Ready);
+    pod["spec"]["containers"][0]["command"] = json!(command);
+    pod
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attach_records_that_the_agents_use_tls() {
+    let scratch = Scratch::new("attach-tls");
+    let token = scratch.token("t");
+    let tls = [
+        "monarch-host",
+        "agent",
+        "--listen",
+        "$(POD_NAME).train.ml.svc.cluster.local:26600",
+        "--tls-dir",
+        "/etc/monarch-tls",
+    ];
+    let fake = Shared::default();
+    fake.lock().expect("the fake").lists = VecDeque::from([pod_list(
+        "7",
+        vec![
+            pod_running("train-0", "u0", "5", &tls),
+            pod_running("train-1", "u1", "6", &tls),
+        ],
+    )]);
+    let api = serve(fake.clone()).await;
+    let attach = |replicas: &'static str| {
+        let api = api.clone();
+        let token = token.clone();
+        let scratch = &scratch;
+        async move {
+            k8s(
+                scratch,
+                &[
+                    "attach",
+                    "--name",
+                    NAME,
+                    "--namespace",
+                    NAMESPACE,
+                    "--replicas",
+                    replicas,
+                    "--api-server",
+                    &api,
+                    "--timeout",
+                    "30",
+                    "--token-file",
+                    token.to_str().expect("UTF-8"),
+                ],
+            )
+            .await
+        }
+    };
+    let run = attach("2").await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let cluster_file = scratch.clusters().join("train.json");
+    let file: Value =
+        serde_json::from_str(&std::fs::read_to_string(&cluster_file).expect("the cluster file"))
+            .expect("JSON");
+    assert_eq!(file["spec"]["tls"], json!("true"), "{file}");
+    assert!(
+        run.stdout
+            .contains("monarch-host run --cluster train --tls-dir DIR PROGRAM.wasm"),
+        "{run:?}"
+    );
+    // A controller without TLS is told so before it dials (K8-7).
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_monarch-host-cli"))
+        .args(["run", "--cluster", NAME, env!("GUEST_HELLO")])
+        .env("MONARCH_CLUSTER_DIR", scratch.clusters())
+        .env_remove("MONARCH_TLS_DIR")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run monarch-host");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("this cluster's agents use TLS: give --tls-dir DIR"),
+        "{stderr}"
+    );
+
+    // A rollout half done: one agent with TLS, one without.
+    std::fs::remove_file(&cluster_file).expect("remove the cluster file");
+    fake.lock().expect("the fake").lists = VecDeque::from([pod_list(
+        "8",
+        vec![
+            pod_running("train-0", "u0", "5", &tls),
+            pod_running(
+                "train-1",
+                "u1b",
+                "9",
+                &["monarch-host", "agent", "--insecure"],
+            ),
+        ],
+    )]);
+    let run = attach("2").await;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert!(run.stderr.contains("disagree on TLS"), "{run:?}");
+    assert!(run.stderr.contains("kubectl rollout status"), "{run:?}");
+    assert!(!cluster_file.exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

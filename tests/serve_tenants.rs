@@ -100,18 +100,10 @@ impl As<'_> {
 async fn pr_3_users_see_and_act_on_their_own_and_an_admin_on_all() {
     let dir = Scratch::new("tenants");
     let server = ServeProcess::start_with_tokens(&dir.0, &tokens(), &[]);
-    let admin = As {
+    let [admin, alice, bob] = [ADMIN, ALICE, BOB].map(|token| As {
         server: &server,
-        token: ADMIN,
-    };
-    let alice = As {
-        server: &server,
-        token: ALICE,
-    };
-    let bob = As {
-        server: &server,
-        token: BOB,
-    };
+        token,
+    });
     for (who, name, role) in [(&admin, "ops", "admin"), (&alice, "alice", "user")] {
         let (status, me) = who.get("/v1/principal").await;
         assert_eq!(status, 200, "{me}");
@@ -478,18 +470,10 @@ fn pr_1_a_bad_tokens_file_line_stops_the_server_with_file_and_line() {
 async fn ss_1_a_users_session_is_its_own_and_an_admin_may_only_list_and_close_it() {
     let dir = Scratch::new("tenants-sessions");
     let server = ServeProcess::start_with_tokens(&dir.0, &tokens(), &[]);
-    let admin = As {
+    let [admin, alice, bob] = [ADMIN, ALICE, BOB].map(|token| As {
         server: &server,
-        token: ADMIN,
-    };
-    let alice = As {
-        server: &server,
-        token: ALICE,
-    };
-    let bob = As {
-        server: &server,
-        token: BOB,
-    };
+        token,
+    });
     let echo = program(env!("GUEST_SESSION_ECHO"));
     let (status, uploaded) = alice.upload(echo).await;
     assert_eq!(status, 201, "{uploaded}");

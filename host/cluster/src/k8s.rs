@@ -6,7 +6,8 @@
 //! (the labels of Monarch's operator):
 //!
 //! - a Secret `N-token` holding the cluster token, mounted into each pod
-//!   as the file `/etc/monarch/token`;
+//!   as the file `/etc/monarch/token` (and, with `--tls-secret`, the
+//!   user's own Secret of TLS files mounted at `/etc/monarch-tls`, K8-6);
 //! - a headless Service (`clusterIP: None`) that gives each pod a DNS name,
 //!   `N-i.SERVICE.NS.svc.cluster.local`;
 //! - a StatefulSet of `replicas` pods `N-0`, `N-1`..., started all at once
@@ -38,6 +39,14 @@
 //!   same ones print the same bytes.
 //! - K8-5: a watch that ends is resumed from the last resourceVersion seen;
 //!   one that answers 410 Gone is replaced by a fresh list.
+//! - K8-6: with a TLS Secret ([`MeshSpec::tls_secret`]) the agent gets
+//!   `--tls-dir` [`TLS_DIR`], where that Secret's `ca.pem`, `host.pem` and
+//!   `host.key` (and nothing else of it) are mounted read-only, mode 0400;
+//!   it never gets `--insecure` then. Without one it gets `--insecure`.
+//! - K8-7: [`attach`] reads whether the agents use TLS from the Ready pods
+//!   themselves (their agent's `--tls-dir`), not from a flag, and records
+//!   it in the cluster file under [`TLS_SPEC_KEY`]; [`check_controller_tls`]
+//!   refuses a controller whose TLS does not match, before any handshake.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -71,6 +80,19 @@ pub const MESH_LABEL: &str = "monarch.pytorch.org/mesh-name";
 pub const TOKEN_DIR: &str = "/etc/monarch";
 /// The Secret's key, and so the file's name under [`TOKEN_DIR`].
 pub const TOKEN_KEY: &str = "token";
+/// Where the TLS Secret is mounted in the pods: the agent's `--tls-dir`.
+/// Beside [`TOKEN_DIR`], not under it: a mount point inside a read-only
+/// Secret volume cannot be created by every container runtime.
+pub const TLS_DIR: &str = "/etc/monarch-tls";
+/// The files a TLS Secret must hold, as `monarch-host certs new` names
+/// them (`hyperactor::channel::tls`): the cluster CA, the host
+/// certificate, its key. The CA's own key is never mounted.
+pub const TLS_KEYS: [&str; 3] = ["ca.pem", "host.pem", "host.key"];
+/// The name of the TLS Secret's volume in the pod template.
+const TLS_VOLUME: &str = "tls";
+/// The key of the cluster file's `spec` that says whether the agents use
+/// TLS: `true` or `false` (K8-7).
+pub const TLS_SPEC_KEY: &str = "tls";
 /// The namespace when none is given.
 pub const DEFAULT_NAMESPACE: &str = "default";
 /// Where `kubectl proxy` serves the API by default.
@@ -199,6 +221,30 @@ fn is_label_word(text: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
+/// Checks the name of a TLS Secret: a DNS-1123 subdomain, as Kubernetes
+/// wants of a Secret's name (at most 253 lowercase letters, digits, `-`
+/// and `.`, each `.`-separated part starting and ending with a letter or
+/// digit).
+pub fn check_secret_name(name: &str) -> Result<(), ClusterError> {
+    let part = |text: &str| {
+        let alnum =
+            |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+        alnum(text.chars().next())
+            && alnum(text.chars().last())
+            && text
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    };
+    match name.len() <= 253 && name.split('.').all(part) {
+        true => Ok(()),
+        false => Err(ClusterError::Invalid(format!(
+            "`{name}` is not a Kubernetes Secret name: use at most 253 lowercase \
+             letters, digits, `-` or `.`, starting and ending with a letter or digit (for \
+             example `train-tls`)"
+        ))),
+    }
+}
+
 /// Parses a `--label KEY=VALUE` and checks it as Kubernetes does (a key
 /// is `[PREFIX/]NAME`; the value may be empty). The labels that place a
 /// pod in its cluster are refused: they are set already.
@@ -258,6 +304,9 @@ pub struct MeshSpec {
     pub labels: BTreeMap<String, String>,
     /// The cluster's DNS domain.
     pub cluster_domain: String,
+    /// The Secret holding the TLS files [`TLS_KEYS`] the agents use
+    /// (K8-6); `None` runs them with `--insecure`.
+    pub tls_secret: Option<String>,
 }
 
 impl MeshSpec {
@@ -285,6 +334,18 @@ impl MeshSpec {
         }
         for (key, value) in &self.labels {
             parse_label(&format!("{key}={value}"))?;
+        }
+        if let Some(tls) = &self.tls_secret {
+            check_secret_name(tls)
+                .map_err(|e| ClusterError::Invalid(format!("--tls-secret {e}")))?;
+            if *tls == secret_name(&self.name) {
+                return Err(ClusterError::Invalid(format!(
+                    "--tls-secret {tls}: that is the name of the cluster's token Secret, which \
+                     `k8s manifest` writes; give the TLS files a Secret of their own (e.g. \
+                     `{}-tls`)",
+                    self.name
+                )));
+            }
         }
         Ok(())
     }
@@ -321,7 +382,7 @@ impl MeshSpec {
             self.namespace,
             self.cluster_domain
         );
-        let command = [
+        let mut command: Vec<String> = [
             "monarch-host",
             "agent",
             "--listen",
@@ -332,14 +393,40 @@ impl MeshSpec {
             "$(POD_NAME)",
             "--idle-exit",
             "0",
-            // Pods talk over the cluster network without TLS (a TLS secret
-            // mount is future work); the token travels in clear.
-            "--insecure",
-        ];
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        // K8-6: without a TLS Secret the token and all traffic travel in
+        // clear on the cluster network; `k8s manifest` warns of it.
+        match self.tls_secret {
+            Some(_) => command.extend(["--tls-dir".to_string(), TLS_DIR.to_string()]),
+            None => command.push("--insecure".to_string()),
+        }
+        let mut mounts = vec![VolumeMount {
+            name: TOKEN_KEY.into(),
+            mount_path: TOKEN_DIR.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        }];
+        let mut volumes = vec![secret_volume(
+            TOKEN_KEY,
+            secret_name(&self.name),
+            &[TOKEN_KEY],
+        )];
+        if let Some(tls) = &self.tls_secret {
+            mounts.push(VolumeMount {
+                name: TLS_VOLUME.into(),
+                mount_path: TLS_DIR.into(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            });
+            volumes.push(secret_volume(TLS_VOLUME, tls.clone(), &TLS_KEYS));
+        }
         let agent = Container {
             name: "agent".into(),
             image: Some(self.image.clone()),
-            command: Some(command.iter().map(|s| s.to_string()).collect()),
+            command: Some(command),
             env: Some(vec![EnvVar {
                 name: "POD_NAME".into(),
                 value_from: Some(EnvVarSource {
@@ -373,12 +460,7 @@ impl MeshSpec {
                 )])),
                 ..ResourceRequirements::default()
             }),
-            volume_mounts: Some(vec![VolumeMount {
-                name: TOKEN_KEY.into(),
-                mount_path: TOKEN_DIR.into(),
-                read_only: Some(true),
-                ..VolumeMount::default()
-            }]),
+            volume_mounts: Some(mounts),
             ..Container::default()
         };
         PodTemplateSpec {
@@ -390,20 +472,7 @@ impl MeshSpec {
                 containers: vec![agent],
                 // Agents never call the API server.
                 automount_service_account_token: Some(false),
-                volumes: Some(vec![Volume {
-                    name: TOKEN_KEY.into(),
-                    secret: Some(SecretVolumeSource {
-                        secret_name: Some(secret_name(&self.name)),
-                        items: Some(vec![KeyToPath {
-                            key: TOKEN_KEY.into(),
-                            path: TOKEN_KEY.into(),
-                            ..KeyToPath::default()
-                        }]),
-                        default_mode: Some(0o400),
-                        ..SecretVolumeSource::default()
-                    }),
-                    ..Volume::default()
-                }]),
+                volumes: Some(volumes),
                 ..PodSpec::default()
             }),
         }
@@ -420,6 +489,30 @@ impl MeshSpec {
             )])),
             ..Secret::default()
         }
+    }
+}
+
+/// A volume of Secret `secret` holding only `keys`, each a file of its
+/// name, mode 0400. A key missing from the Secret keeps the pod from
+/// starting (the kubelet reports it), rather than an agent half set up.
+fn secret_volume(name: &str, secret: String, keys: &[&str]) -> Volume {
+    Volume {
+        name: name.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret),
+            items: Some(
+                keys.iter()
+                    .map(|key| KeyToPath {
+                        key: key.to_string(),
+                        path: key.to_string(),
+                        ..KeyToPath::default()
+                    })
+                    .collect(),
+            ),
+            default_mode: Some(0o400),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
     }
 }
 
@@ -636,6 +729,8 @@ struct PodState {
     /// `spec.hostname` and `spec.subdomain`: the pod's DNS name.
     hostname: Option<String>,
     subdomain: Option<String>,
+    /// Whether its agent was started with a TLS directory (K8-7).
+    tls: bool,
 }
 
 impl PodState {
@@ -663,8 +758,40 @@ impl PodState {
             why: (!ready).then(|| why_not_ready(pod)).flatten(),
             hostname: pod.spec.as_ref().and_then(|s| s.hostname.clone()),
             subdomain: pod.spec.as_ref().and_then(|s| s.subdomain.clone()),
+            tls: agent_uses_tls(pod),
         }
     }
+}
+
+/// Whether the pod's agent container (the one named `agent`, else the
+/// first) gets a TLS directory: `--tls-dir` in its command or arguments,
+/// or `MONARCH_TLS_DIR` in its environment. An agent without one that
+/// listens off loopback runs only with `--insecure`.
+fn agent_uses_tls(pod: &Pod) -> bool {
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
+    let Some(agent) = spec
+        .containers
+        .iter()
+        .find(|c| c.name == "agent")
+        .or(spec.containers.first())
+    else {
+        return false;
+    };
+    let flag = agent
+        .command
+        .iter()
+        .chain(agent.args.iter())
+        .flatten()
+        .any(|arg| arg == "--tls-dir" || arg.starts_with("--tls-dir="));
+    let env = agent
+        .env
+        .iter()
+        .flatten()
+        .filter(|var| var.name == "MONARCH_TLS_DIR")
+        .any(|var| var.value_from.is_some() || var.value.as_deref().is_some_and(|v| !v.is_empty()));
+    flag || env
 }
 
 /// The most telling reason a pod is not Ready: a container's waiting or
@@ -845,6 +972,25 @@ impl PodWatch {
             line += ")";
         }
         line
+    }
+
+    /// Whether the agents of the Ready ranks use TLS (K8-7); an error if
+    /// some do and some do not (a rollout between manifests half done).
+    pub fn tls(&self) -> Result<bool, ClusterError> {
+        let (with, without): (Vec<String>, Vec<String>) = self
+            .rank_names()
+            .filter(|name| self.pods.get(name).is_some_and(|p| p.ready))
+            .partition(|name| self.pods.get(name).is_some_and(|p| p.tls));
+        match (with.first(), without.first()) {
+            (Some(tls), Some(plain)) => Err(ClusterError::Invalid(format!(
+                "the pods of `{}` disagree on TLS: {tls}'s agent has --tls-dir, {plain}'s has \
+                 not; wait until `kubectl rollout status -n {} statefulset/{}` says the rollout \
+                 is done, then attach again",
+                self.name, self.namespace, self.name
+            ))),
+            (Some(_), None) => Ok(true),
+            (None, _) => Ok(false),
+        }
     }
 
     /// The agents, rank by rank, by DNS name (K8-1), once all are Ready.
@@ -1063,6 +1209,7 @@ pub async fn attach(
             )));
         }
     }
+    let tls = watch.tls()?;
     let file = ClusterFile {
         version: CLUSTER_FILE_VERSION,
         name: options.name.clone(),
@@ -1073,6 +1220,7 @@ pub async fn attach(
             ("namespace".to_string(), options.namespace.clone()),
             ("replicas".to_string(), replicas.to_string()),
             ("cluster_domain".to_string(), options.cluster_domain.clone()),
+            (TLS_SPEC_KEY.to_string(), tls.to_string()),
         ]),
         agents: watch.agents()?,
         token_file: options.token_file.clone(),
@@ -1081,6 +1229,45 @@ pub async fn attach(
     };
     file.save()?;
     Ok(file)
+}
+
+/// Whether `file` is of a Kubernetes cluster whose agents use TLS, as
+/// [`attach`] recorded it; `None` for other clusters and for files written
+/// before it recorded that.
+pub fn cluster_uses_tls(file: &ClusterFile) -> Option<bool> {
+    match file.placed {
+        Placed::Kubernetes { .. } => match file.spec.get(TLS_SPEC_KEY).map(String::as_str) {
+            Some("true") => Some(true),
+            Some("false") => Some(false),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Refuses a controller whose TLS does not match the agents of a
+/// Kubernetes cluster (K8-7), with what to pass instead: otherwise the
+/// mismatch shows only as a failed handshake or an unanswered hello.
+/// `controller_tls` says whether the controller has a TLS directory
+/// (`--tls-dir` or `MONARCH_TLS_DIR`). Other clusters, and files that do
+/// not say, pass.
+pub fn check_controller_tls(file: &ClusterFile, controller_tls: bool) -> Result<(), ClusterError> {
+    match (cluster_uses_tls(file), controller_tls) {
+        (Some(true), false) => Err(ClusterError::Invalid(format!(
+            "this cluster's agents use TLS: give --tls-dir DIR (or MONARCH_TLS_DIR=DIR), DIR \
+             holding {} signed by the same CA as the pods' (the directory of `monarch-host \
+             certs new` that cluster `{}`'s TLS Secret was made from)",
+            TLS_KEYS.join(", "),
+            file.name
+        ))),
+        (Some(false), true) => Err(ClusterError::Invalid(format!(
+            "this cluster's agents run without TLS (--insecure): leave out --tls-dir and unset \
+             MONARCH_TLS_DIR, or print cluster `{}`'s manifests again with `k8s manifest \
+             --tls-secret NAME`, apply them and attach again",
+            file.name
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// A Slurm or SSH cluster of the same name keeps its file: attaching
@@ -1358,6 +1545,7 @@ mod tests {
             gpus: Some(8),
             labels: BTreeMap::from([("kueue.x-k8s.io/queue-name".into(), "team-a".into())]),
             cluster_domain: DEFAULT_CLUSTER_DOMAIN.into(),
+            tls_secret: None,
         }
     }
 
@@ -1590,5 +1778,201 @@ mod tests {
             "{}",
             watch.progress()
         );
+    }
+
+    fn agent_of(manifests: &Manifests) -> (PodSpec, Container) {
+        let pod = manifests
+            .stateful_set
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.clone())
+            .expect("a pod spec");
+        let agent = pod.containers[0].clone();
+        (pod, agent)
+    }
+
+    #[test]
+    fn k8s_6_tls_secret_is_mounted_read_only_and_replaces_insecure() {
+        let mut spec = spec();
+        spec.tls_secret = Some("train-tls".into());
+        let (pod, agent) = agent_of(&manifests(&spec, "t").expect("manifests"));
+        let command = agent.command.expect("a command");
+        assert_eq!(
+            command[command.len() - 2..],
+            ["--tls-dir", "/etc/monarch-tls"]
+        );
+        assert!(!command.iter().any(|a| a == "--insecure"), "{command:?}");
+        let mount = agent
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.mount_path == TLS_DIR)
+            .expect("the TLS mount");
+        assert_eq!(mount.read_only, Some(true));
+        let volume = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == mount.name)
+            .and_then(|v| v.secret.clone())
+            .expect("the TLS volume");
+        assert_eq!(volume.secret_name.as_deref(), Some("train-tls"));
+        assert_eq!(volume.default_mode, Some(0o400));
+        let keys: Vec<String> = volume
+            .items
+            .iter()
+            .flatten()
+            .map(|i| i.key.clone())
+            .collect();
+        // Only the three files: never the CA's key, even if the Secret has it.
+        assert_eq!(keys, ["ca.pem", "host.pem", "host.key"]);
+
+        // The operator's pods get the same.
+        let mesh = monarch_mesh(
+            &{
+                let mut spec = spec.clone();
+                spec.name = "train1".into();
+                spec
+            },
+            "t",
+        )
+        .expect("a MonarchMesh");
+        let value = serde_json::to_value(&mesh.mesh).expect("json");
+        let command = &value["spec"]["podTemplate"]["spec"]["containers"][0]["command"];
+        assert!(
+            command
+                .to_string()
+                .contains("\"--tls-dir\",\"/etc/monarch-tls\""),
+            "{command}"
+        );
+
+        // Without a TLS Secret: --insecure and no TLS volume.
+        let (pod, agent) = agent_of(&manifests(&self::spec(), "t").expect("manifests"));
+        assert_eq!(
+            agent.command.expect("a command").last().map(String::as_str),
+            Some("--insecure")
+        );
+        assert_eq!(pod.volumes.expect("volumes").len(), 1);
+    }
+
+    #[test]
+    fn k8s_6_tls_secret_name_must_be_a_dns_subdomain() {
+        for good in ["train-tls", "tls", "a.b-c.d", "0tls"] {
+            check_secret_name(good).unwrap_or_else(|e| panic!("{good}: {e}"));
+        }
+        for bad in [
+            "",
+            "Train-TLS",
+            "-tls",
+            "tls-",
+            "a..b",
+            ".tls",
+            "tls.",
+            "tls_1",
+            "t ls",
+            &"a".repeat(254),
+        ] {
+            let error = check_secret_name(bad).expect_err(bad).to_string();
+            assert!(
+                error.contains("is not a Kubernetes Secret name"),
+                "{bad}: {error}"
+            );
+        }
+        let mut spec = spec();
+        spec.tls_secret = Some("train-token".into());
+        let error = manifests(&spec, "t")
+            .expect_err("the token Secret's name")
+            .to_string();
+        assert!(error.contains("token Secret"), "{error}");
+        spec.tls_secret = Some("Bad".into());
+        assert!(manifests(&spec, "t").is_err());
+    }
+
+    fn pod_with_command(name: &str, command: &[&str]) -> Pod {
+        let mut pod = pod(name, name, "5", true, None);
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.containers[0].command = Some(command.iter().map(|s| s.to_string()).collect());
+        }
+        pod
+    }
+
+    #[test]
+    fn k8s_7_tls_is_read_from_the_ready_pods() {
+        let tls = ["monarch-host", "agent", "--tls-dir", "/etc/monarch-tls"];
+        let plain = ["monarch-host", "agent", "--insecure"];
+        let mut watch = PodWatch::new("train", "ml", 2, "cluster.local");
+        watch.relist(list(
+            "10",
+            vec![
+                pod_with_command("train-0", &tls),
+                pod_with_command("train-1", &tls),
+            ],
+        ));
+        assert!(watch.tls().expect("agreed"));
+        watch.relist(list(
+            "11",
+            vec![
+                pod_with_command("train-0", &plain),
+                pod_with_command("train-1", &plain),
+            ],
+        ));
+        assert!(!watch.tls().expect("agreed"));
+        watch.relist(list(
+            "12",
+            vec![
+                pod_with_command("train-0", &tls),
+                pod_with_command("train-1", &plain),
+            ],
+        ));
+        let error = watch.tls().expect_err("a half-done rollout").to_string();
+        assert!(
+            error.contains("disagree on TLS") && error.contains("train-1"),
+            "{error}"
+        );
+        // The environment variable counts too.
+        let mut by_env = pod_with_command("train-0", &plain);
+        if let Some(spec) = by_env.spec.as_mut() {
+            spec.containers[0].env = Some(vec![EnvVar {
+                name: "MONARCH_TLS_DIR".into(),
+                value: Some("/tls".into()),
+                ..EnvVar::default()
+            }]);
+        }
+        assert!(agent_uses_tls(&by_env));
+    }
+
+    #[test]
+    fn k8s_7_a_controller_must_match_the_agents_tls() {
+        let file = |placed: Placed, tls: Option<&str>| ClusterFile {
+            version: CLUSTER_FILE_VERSION,
+            name: "train".into(),
+            placed,
+            spec: tls
+                .map(|tls| BTreeMap::from([(TLS_SPEC_KEY.to_string(), tls.to_string())]))
+                .unwrap_or_default(),
+            agents: vec![],
+            token_file: PathBuf::from("/t"),
+            agent_version: "0".into(),
+            created_unix: 0,
+        };
+        let k8s = || Placed::Kubernetes {
+            namespace: "ml".into(),
+        };
+        let error = check_controller_tls(&file(k8s(), Some("true")), false)
+            .expect_err("no --tls-dir")
+            .to_string();
+        assert!(
+            error.starts_with("this cluster's agents use TLS: give --tls-dir"),
+            "{error}"
+        );
+        let error = check_controller_tls(&file(k8s(), Some("false")), true)
+            .expect_err("a --tls-dir the agents do not speak")
+            .to_string();
+        assert!(error.contains("without TLS (--insecure)"), "{error}");
+        check_controller_tls(&file(k8s(), Some("true")), true).expect("both TLS");
+        check_controller_tls(&file(k8s(), Some("false")), false).expect("both plain");
+        // Files written before TLS was recorded, and other placements, pass.
+        check_controller_tls(&file(k8s(), None), false).expect("unknown");
+        check_controller_tls(&file(Placed::Ssh, Some("true")), false).expect("not Kubernetes");
     }
 }

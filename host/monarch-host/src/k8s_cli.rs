@@ -80,6 +80,23 @@ struct ManifestArgs {
     /// The cluster's DNS domain.
     #[arg(long, default_value = k8s::DEFAULT_CLUSTER_DOMAIN)]
     cluster_domain: String,
+    /// Runs the agents with mutual TLS: NAME is a Secret in the namespace
+    /// holding ca.pem, host.pem and host.key from `monarch-host certs new
+    /// --dir D`, made with `kubectl create secret generic NAME
+    /// --from-file=ca.pem=D/ca.pem --from-file=host.pem=D/host.pem
+    /// --from-file=host.key=D/host.key` (never ca.key). The pods mount it
+    /// read-only at /etc/monarch-tls and their agents get `--tls-dir
+    /// /etc/monarch-tls`; one host certificate serves every pod. Without
+    /// it the agents run with `--insecure`: traffic and the token travel in
+    /// clear on the cluster network.
+    #[arg(long, value_name = "NAME", value_parser = parse_tls_secret)]
+    tls_secret: Option<String>,
+}
+
+fn parse_tls_secret(text: &str) -> Result<String, String> {
+    k8s::check_secret_name(text)
+        .map(|()| text.to_string())
+        .map_err(|e| e.to_string())
 }
 
 #[derive(Debug, clap::Args)]
@@ -155,6 +172,7 @@ fn manifest(args: ManifestArgs) -> anyhow::Result<()> {
         gpus: args.gpus,
         labels,
         cluster_domain: args.cluster_domain,
+        tls_secret: args.tls_secret,
     };
     // Refuse bad flags before a token file is made for them.
     spec.check(flavor)?;
@@ -183,6 +201,22 @@ fn manifest(args: ManifestArgs) -> anyhow::Result<()> {
                 true => "made now",
                 false => "made by an earlier `k8s manifest`",
             }
+        ),
+    }
+    match &spec.tls_secret {
+        Some(tls) => eprintln!(
+            "k8s manifest: the agents use TLS with Secret {tls}, mounted at {dir}; make it in \
+             namespace {ns} with `kubectl create secret generic {tls} -n {ns} \
+             --from-file=ca.pem=D/ca.pem --from-file=host.pem=D/host.pem \
+             --from-file=host.key=D/host.key` (D from `monarch-host certs new --dir D`), and \
+             give `run --cluster {name}` --tls-dir D",
+            dir = k8s::TLS_DIR,
+            ns = spec.namespace,
+            name = spec.name,
+        ),
+        None => eprintln!(
+            "k8s manifest: WARNING: the agents run with --insecure: traffic and the cluster \
+             token travel in clear on the cluster network; pass --tls-secret NAME to use TLS"
         ),
     }
     Ok(())
@@ -220,8 +254,18 @@ fn attach(args: AttachArgs) -> anyhow::Result<()> {
         file.agents.len(),
         path.display()
     );
+    let tls = match k8s::cluster_uses_tls(&file) {
+        Some(true) => {
+            eprintln!(
+                "k8s attach: the agents use TLS: give `run --cluster` the TLS directory their \
+                 Secret was made from"
+            );
+            " --tls-dir DIR"
+        }
+        _ => "",
+    };
     println!(
-        "monarch-host run --cluster {} PROGRAM.wasm   # from a machine that resolves the pods' DNS names",
+        "monarch-host run --cluster {}{tls} PROGRAM.wasm   # from a machine that resolves the pods' DNS names",
         file.name
     );
     Ok(())

@@ -687,6 +687,13 @@ pub(crate) fn cluster_placement(
     heartbeat_timeout: f64,
 ) -> Result<Placement, String> {
     let cluster = monarch_cluster::ClusterFile::load(name).map_err(|e| e.to_string())?;
+    // A TLS controller and plain agents (or the other way round) would
+    // fail at the handshake; say which flag is missing instead (K8-7).
+    monarch_cluster::k8s::check_controller_tls(
+        &cluster,
+        hyperactor::channel::tls::installed().is_some(),
+    )
+    .map_err(|e| e.to_string())?;
     let agents = cluster
         .addrs()
         .iter()
