@@ -339,7 +339,15 @@ async fn a_jobs_stacks_come_from_its_procs_and_stuck_after_sets_the_exit_status(
     let json = run(&["--json", "--stuck-after", "600"]).await.unwrap();
     assert_eq!(json.code, Some(0), "{json:?}");
     let report: Report = serde_json::from_str(&json.stdout).expect("--json prints a report");
-    assert_spins_in_spin_forever(actor(&report, "spinners", 1));
+    let spinner = actor(&report, "spinners", 1);
+    assert_spins_in_spin_forever(spinner);
+    // Through the command and the server too, within two epoch ticks.
+    let two_ticks = (2 * EPOCH_TICK).as_secs_f64() * 1000.0;
+    let after = spinner.sampled_after_ms.expect("when it was sampled");
+    assert!(
+        after <= two_ticks,
+        "sampled {after:.1} ms after the request, past two epoch ticks ({two_ticks} ms)"
+    );
 
     client.cancel(id).await.expect("cancel");
     let until = Instant::now() + Duration::from_secs(30);
