@@ -5,7 +5,7 @@
 //! feed them anything. Every one returns an error for bad input; a panic,
 //! abort or unbounded allocation here is a bug in the code it calls.
 //!
-//! The steps mirror the receive path (`proc::receive` and
+//! The steps mirror the receive path (`proc::receive`, `serve_frames` and
 //! `Proc::deliver_archived`): frames are cut by the real `FrameReader`
 //! (channel/frame.rs), hello bodies are split and checked against a
 //! [`ClusterToken`] as `receive` does, and data bodies are validated with
@@ -33,6 +33,8 @@ pub struct StreamSummary {
     pub hello_from: Option<String>,
     /// Data frames whose envelope validated and decoded.
     pub envelopes: usize,
+    /// Acknowledgements after the hello (LK-9).
+    pub acks: usize,
 }
 
 /// Reads `stream` as one incoming connection would be read: a hello, then
@@ -63,6 +65,11 @@ pub fn receive_stream(
                     check_envelope(body)?;
                     summary.envelopes += 1;
                 }
+                // The peer acknowledges what this proc's link wrote on the
+                // connection (LK-9): a count, nothing to decode.
+                (FrameKind::Ack, Some(_)) => summary.acks += 1,
+                // The peer says it restarted: the connection ends here.
+                (FrameKind::Restarted, Some(_)) => return Ok(summary),
                 (kind, _) => return Err(FrameError::BadKind(kind as u8)),
             }
         }
