@@ -38,8 +38,14 @@
 //!   that link keeps a connection it dialed itself (the smaller proc id's
 //!   dial stays). The connection's reader then hands acknowledgements to
 //!   that link and writes its own through it.
+//! - PR-11: while PR-9 holds back an actor's messages, a connection that a
+//!   link of this proc writes on (PR-10) is still read: its
+//!   acknowledgements reach that link, and its data frames wait in order,
+//!   unacknowledged, up to `link_window` bytes, so the peer's window
+//!   still fills and stops it. One direction's backlog never stalls the
+//!   other's acknowledgements.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -47,11 +53,13 @@ use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 use rkyv::rancor;
+use rkyv::util::AlignedVec;
 use tokio::sync::{mpsc, watch};
 
 use crate::actor::{self, Actor, ActorHandle, Owner, meta_for};
 use crate::channel::frame::{
-    FrameError, FrameKind, FrameReader, HEADER_LEN, finish_frame, frame_buffer, small_frame,
+    FrameError, FrameHeader, FrameKind, FrameReader, HEADER_LEN, finish_frame, frame_buffer,
+    small_frame,
 };
 use crate::channel::link::{Link, LinkConfig, Reader};
 use crate::channel::transport::{Conn, Listener, ReadHalf, WriteHalf};
@@ -1254,6 +1262,92 @@ async fn serve_connection(
     result
 }
 
+/// What became of one data frame.
+enum Taken {
+    /// Delivered; the backlog of an actor now past its window (PR-9).
+    Delivered(Option<Arc<Backlog>>),
+    /// Delivered before, on an earlier connection.
+    Duplicate,
+    /// The session began with an earlier incarnation of this proc (PR-7):
+    /// answer `restarted` and close.
+    Restarted,
+}
+
+/// Takes data frame `seq` of the connection's peer session: delivers it
+/// in sequence order, drops a duplicate, refuses a gap.
+fn take_data(
+    proc: &Proc,
+    session: &mut Option<PeerSession>,
+    seq: u64,
+    bytes: &[u8],
+    type_names: &mut TypeNames,
+) -> Result<Taken, FrameError> {
+    let Some(peer) = session.as_mut() else {
+        return Err(FrameError::Invalid("a data frame before the hello".into()));
+    };
+    if peer.fresh && seq > 1 {
+        proc.0.sessions.lock().remove(&peer.id);
+        tracing::info!(proc = %proc.0.id, from = %peer.from, seq, "a peer's link began with an earlier incarnation of this proc; told it so");
+        return Ok(Taken::Restarted);
+    }
+    peer.fresh = false;
+    let mut last = peer.last.lock();
+    if seq <= *last {
+        // Delivered on an earlier connection whose ack was lost: drop it,
+        // and acknowledge it here so that the sender lets it go.
+        proc.0
+            .stats
+            .duplicates_dropped
+            .fetch_add(1, Ordering::Relaxed);
+        return Ok(Taken::Duplicate);
+    }
+    if seq != *last + 1 {
+        return Err(FrameError::Invalid(format!(
+            "sequence gap: expected {}, got {seq}",
+            *last + 1
+        )));
+    }
+    let envelope = rkyv::access::<ArchivedEnvelope, rancor::Error>(bytes)
+        .map_err(|e| FrameError::Invalid(e.to_string()))?;
+    let full = proc.deliver_archived(bytes, envelope, type_names)?;
+    *last = seq;
+    Ok(Taken::Delivered(full))
+}
+
+/// Takes a frame that is not data: an acknowledgement or a `restarted`
+/// for the link that writes on this connection (LK-9), or, on a dialed
+/// connection, the peer's hello. False when the connection ends here.
+fn control_frame(
+    proc: &Proc,
+    header: FrameHeader,
+    body: &[u8],
+    sink: &Sink,
+    session: &mut Option<PeerSession>,
+) -> Result<bool, FrameError> {
+    match header.kind {
+        FrameKind::Ack => {
+            // A connection only read here carries none.
+            if let Sink::Link(link, _) = sink {
+                link.acked(header.seq);
+            }
+            Ok(true)
+        }
+        FrameKind::Restarted => {
+            if let Sink::Link(link, _) = sink {
+                link.restarted();
+            }
+            Ok(false)
+        }
+        FrameKind::Hello if session.is_none() => {
+            let from = check_hello(proc, body)?;
+            tracing::debug!(proc = %proc.0.id, %from, "a dialed connection carries its peer's link too");
+            *session = Some(PeerSession::open(proc, header.seq, from));
+            Ok(true)
+        }
+        other => Err(FrameError::BadKind(other as u8)),
+    }
+}
+
 async fn serve_frames(
     weak: &Weak<ProcInner>,
     reader: &mut FrameReader,
@@ -1270,6 +1364,15 @@ async fn serve_frames(
     let mut acked = 0u64;
     let mut ack_deadline: Option<tokio::time::Instant> = None;
     let mut pace = Pace::new(config.busy_poll, SPIN_MAX);
+    // PR-11: data frames read while an actor's queue is past its window,
+    // held (unacknowledged) until it drains, in order, up to the window.
+    let mut held: VecDeque<(u64, AlignedVec)> = VecDeque::new();
+    let mut held_bytes = 0usize;
+    let hold_limit = config.link_window.max(config.max_frame_size.min(1 << 20));
+    // Held frames reached the limit (a sender that does not wait for its
+    // window, such as replies sent by handlers): they go to the actor past
+    // its window, as a stalled queue's do.
+    let mut overflow = false;
     loop {
         let mut full: Option<Arc<Backlog>> = None;
         // The sender is writing again what it holds unacknowledged: tell it
@@ -1280,73 +1383,61 @@ async fn serve_frames(
                 return Ok(());
             };
             let proc = Proc(inner);
-            while let Some((header, body)) = reader.next_frame()? {
-                match header.kind {
-                    FrameKind::Data => {}
-                    FrameKind::Ack => {
-                        // The peer acknowledges the frames of the link that
-                        // writes here (LK-9); a connection only read here
-                        // carries none.
-                        if let Sink::Link(link, _) = sink {
-                            link.acked(header.seq);
-                        }
-                        continue;
+            // What was held comes first, then what the reader has.
+            while let Some((seq, frame)) = held.pop_front() {
+                held_bytes -= frame.len();
+                match take_data(&proc, session, seq, &frame, &mut type_names)? {
+                    Taken::Delivered(backlog) => {
+                        delivered = seq;
+                        full = backlog;
                     }
-                    FrameKind::Restarted => {
-                        if let Sink::Link(link, _) = sink {
-                            link.restarted();
-                        }
+                    Taken::Duplicate => {
+                        delivered = delivered.max(seq);
+                        resent = true;
+                    }
+                    Taken::Restarted => {
+                        let _ = sink.write(&small_frame(FrameKind::Restarted, 0, &[])).await;
                         return Ok(());
                     }
-                    FrameKind::Hello if session.is_none() => {
-                        let from = check_hello(&proc, reader.body(body))?;
-                        tracing::debug!(proc = %proc.0.id, %from, "a dialed connection carries its peer's link too");
-                        *session = Some(PeerSession::open(&proc, header.seq, from));
-                        continue;
-                    }
-                    other => return Err(FrameError::BadKind(other as u8)),
                 }
-                let Some(peer) = session.as_mut() else {
-                    return Err(FrameError::Invalid("a data frame before the hello".into()));
-                };
-                if peer.fresh && header.seq > 1 {
-                    proc.0.sessions.lock().remove(&peer.id);
-                    tracing::info!(proc = %proc.0.id, from = %peer.from, seq = header.seq, "a peer's link began with an earlier incarnation of this proc; told it so");
-                    let _ = sink.write(&small_frame(FrameKind::Restarted, 0, &[])).await;
-                    return Ok(());
-                }
-                peer.fresh = false;
-                let bytes = reader.body(body);
-                let mut last = peer.last.lock();
-                if header.seq <= *last {
-                    // Delivered on an earlier connection whose ack was lost: drop
-                    // it, and acknowledge it here so that the sender lets it go.
-                    proc.0
-                        .stats
-                        .duplicates_dropped
-                        .fetch_add(1, Ordering::Relaxed);
-                    delivered = delivered.max(header.seq);
-                    resent = true;
-                } else if header.seq != *last + 1 {
-                    return Err(FrameError::Invalid(format!(
-                        "sequence gap: expected {}, got {}",
-                        *last + 1,
-                        header.seq
-                    )));
-                } else {
-                    let envelope = rkyv::access::<ArchivedEnvelope, rancor::Error>(bytes)
-                        .map_err(|e| FrameError::Invalid(e.to_string()))?;
-                    full = proc.deliver_archived(bytes, envelope, &mut type_names)?;
-                    *last = header.seq;
-                    delivered = header.seq;
-                }
-                drop(last);
-                if ack_deadline.is_none() && delivered > acked {
-                    ack_deadline = Some(tokio::time::Instant::now() + config.ack_interval);
-                }
-                if full.is_some() {
+                if full.is_some() && !overflow {
                     break;
                 }
+            }
+            overflow = false;
+            while full.is_none() {
+                let Some((header, body)) = reader.next_frame()? else {
+                    break;
+                };
+                if header.kind != FrameKind::Data {
+                    if !control_frame(&proc, header, reader.body(body), sink, session)? {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                match take_data(
+                    &proc,
+                    session,
+                    header.seq,
+                    reader.body(body),
+                    &mut type_names,
+                )? {
+                    Taken::Delivered(backlog) => {
+                        delivered = header.seq;
+                        full = backlog;
+                    }
+                    Taken::Duplicate => {
+                        delivered = delivered.max(header.seq);
+                        resent = true;
+                    }
+                    Taken::Restarted => {
+                        let _ = sink.write(&small_frame(FrameKind::Restarted, 0, &[])).await;
+                        return Ok(());
+                    }
+                }
+            }
+            if ack_deadline.is_none() && delivered > acked {
+                ack_deadline = Some(tokio::time::Instant::now() + config.ack_interval);
             }
             if full.is_some() {
                 proc.0.stats.paused_reads.fetch_add(1, Ordering::Relaxed);
@@ -1354,7 +1445,7 @@ async fn serve_frames(
         }
         if let Some(backlog) = full {
             // PR-9: what was delivered is acknowledged (the sender's window
-            // counts only what is in flight); reading waits for the actor.
+            // counts only what is in flight); delivering waits for the actor.
             if delivered > acked {
                 if !sink.ack(delivered).await? {
                     return Ok(());
@@ -1363,11 +1454,54 @@ async fn serve_frames(
                 ack_deadline = None;
             }
             let low = config.port_window / 2;
-            if !backlog.drain_to(low, PORT_STALL).await {
-                tracing::debug!(
-                    queued = backlog.queued(),
-                    "an actor's queue is past its window and not moving; reading on"
-                );
+            let drained = backlog.drain_to(low, PORT_STALL);
+            tokio::pin!(drained);
+            // PR-11: a connection a link of this proc writes on also brings
+            // that link's acknowledgements (LK-9): reading goes on, and data
+            // frames wait, unacknowledged, so the sender's window still
+            // fills and stops it.
+            let reads_on = matches!(sink, Sink::Link(..));
+            loop {
+                tokio::select! {
+                    biased;
+                    moved = &mut drained => {
+                        if !moved {
+                            tracing::debug!(queued = backlog.queued(), "an actor's queue is past its window and not moving; reading on");
+                        }
+                        break;
+                    }
+                    filled = reader.fill(rd), if reads_on && held_bytes < hold_limit => {
+                        if !filled? {
+                            if delivered > acked {
+                                let _ = sink.ack(delivered).await;
+                            }
+                            return Ok(());
+                        }
+                        let Some(inner) = weak.upgrade() else {
+                            return Ok(());
+                        };
+                        let proc = Proc(inner);
+                        while held_bytes < hold_limit {
+                            let Some((header, body)) = reader.next_frame()? else {
+                                break;
+                            };
+                            let bytes = reader.body(body);
+                            if header.kind == FrameKind::Data {
+                                let mut frame = AlignedVec::with_capacity(bytes.len());
+                                frame.extend_from_slice(bytes);
+                                held_bytes += frame.len();
+                                held.push_back((header.seq, frame));
+                            } else if !control_frame(&proc, header, bytes, sink, session)? {
+                                return Ok(());
+                            }
+                        }
+                        if held_bytes >= hold_limit {
+                            tracing::debug!(held_bytes, "frames held for a full actor reached the window; delivering them");
+                            overflow = true;
+                            break;
+                        }
+                    }
+                }
             }
             continue;
         }
@@ -1791,6 +1925,74 @@ mod tests {
             reconnects >= 10,
             "{cuts} cuts made only {reconnects} reconnects"
         );
+    }
+
+    /// PR-11: while an actor is past its window and its messages are held
+    /// back (PR-9), the same connection still brings this proc's link its
+    /// acknowledgements: a stream the other way goes on at full speed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pr11_a_full_actor_does_not_stall_the_other_direction() {
+        let config = ProcConfig {
+            link_window: 16 << 10,
+            port_window: 512,
+            ..quick()
+        };
+        let a = Proc::serve_with_config("a", unix_addr("pr11", "a"), config.clone())
+            .await
+            .unwrap();
+        let b = Proc::serve_with_config("b", unix_addr("pr11", "b"), config)
+            .await
+            .unwrap();
+        let echo_a = a.spawn("echo", 0, EchoActor::default()).unwrap().bind();
+        let echo_b = b.spawn("echo", 0, EchoActor::default()).unwrap().bind();
+        let (client_a, _) = a.attach("client").unwrap();
+        let (client_b, _) = b.attach("client").unwrap();
+        // One connection both ways: a dials, b adopts it.
+        let hi = echo_b
+            .call(&client_a, |reply| Echo {
+                payload: b"hi".to_vec(),
+                reply,
+            })
+            .await
+            .unwrap();
+        assert_eq!(hi, b"hi");
+        // a's actor sleeps while b floods it without waiting for its window.
+        let asleep = client_b.open_once_port::<()>();
+        echo_a.send(
+            &client_b,
+            Sleep {
+                millis: 5000,
+                reply: asleep.bind(),
+            },
+        );
+        const FLOOD: u64 = 20_000;
+        for seq in 0..FLOOD {
+            echo_a.send(&client_b, Numbered { stream: 2, seq });
+        }
+        // Meanwhile a streams to b, waiting for its window before each send.
+        const STREAM: u64 = 5_000;
+        let started = std::time::Instant::now();
+        let dest = echo_b.port::<Numbered>().id().clone();
+        for seq in 0..STREAM {
+            client_a.ready(&dest).await;
+            echo_b.send(&client_a, Numbered { stream: 1, seq });
+        }
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(4),
+            "a's stream took {took:?} while a's actor was full: its acknowledgements were held up"
+        );
+        assert!(a.stats().paused_reads.load(Ordering::Relaxed) > 0);
+        let to_b = echo_b
+            .call(&client_a, |reply| StreamReport { stream: 1, reply })
+            .await
+            .unwrap();
+        assert_eq!((to_b.received, to_b.out_of_order), (STREAM, 0));
+        let to_a = echo_a
+            .call(&client_b, |reply| StreamReport { stream: 2, reply })
+            .await
+            .unwrap();
+        assert_eq!((to_a.received, to_a.out_of_order), (FLOOD, 0));
     }
 
     #[tokio::test]
