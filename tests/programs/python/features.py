@@ -219,7 +219,7 @@ async def failures_seen():
     # __supervise__ between the supervisor's messages, perhaps after this
     # call's, so wait for it a while.
     for _ in range(250):
-        got = sup.seen.call_one().get()
+        got = await sup.seen.call_one()
         if got:
             return got
         await asyncio.sleep(0.02)
