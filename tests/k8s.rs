@@ -285,12 +285,12 @@ async fn manifest_with_a_tls_secret_mounts_it_and_drops_insecure() {
 #[tokio::test]
 async fn manifest_refuses_a_tls_secret_that_is_not_a_secret_name() {
     let scratch = Scratch::new("bad-tls");
-    for bad in ["Train-TLS", "train_tls", "-tls", "tls.", "a..b"] {
-        // `=`: a value may start with `-`.
-        let flag = format!("--tls-secret={bad}");
-        let run = k8s(
-            &scratch,
-            &[
+    // `=`: a value may start with `-`.
+    let manifest = |secret: &str| {
+        let flag = format!("--tls-secret={secret}");
+        let scratch = &scratch;
+        async move {
+            let args = [
                 "manifest",
                 "--name",
                 NAME,
@@ -299,9 +299,12 @@ async fn manifest_refuses_a_tls_secret_that_is_not_a_secret_name() {
                 "--image",
                 "img:1",
                 &flag,
-            ],
-        )
-        .await;
+            ];
+            k8s(scratch, &args).await
+        }
+    };
+    for bad in ["Train-TLS", "train_tls", "-tls", "tls.", "a..b"] {
+        let run = manifest(bad).await;
         assert_eq!(run.code, Some(2), "{bad}: {run:?}");
         assert!(
             run.stderr
@@ -312,21 +315,7 @@ async fn manifest_refuses_a_tls_secret_that_is_not_a_secret_name() {
         assert!(run.stdout.is_empty(), "{run:?}");
     }
     // The token Secret's own name would be overwritten by `k8s manifest`.
-    let run = k8s(
-        &scratch,
-        &[
-            "manifest",
-            "--name",
-            NAME,
-            "--replicas",
-            "1",
-            "--image",
-            "img:1",
-            "--tls-secret",
-            "train-token",
-        ],
-    )
-    .await;
+    let run = manifest("train-token").await;
     assert_eq!(run.code, Some(1), "{run:?}");
     assert!(run.stderr.contains("token Secret"), "{run:?}");
     assert!(run.stdout.is_empty(), "{run:?}");

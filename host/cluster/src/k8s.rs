@@ -1581,13 +1581,7 @@ mod tests {
     #[test]
     fn k8s_agent_command_has_no_token_and_listens_on_dns_name() {
         let manifests = manifests(&spec(), "s3cret").expect("manifests");
-        let pod = manifests
-            .stateful_set
-            .spec
-            .as_ref()
-            .and_then(|s| s.template.spec.clone())
-            .expect("a pod spec");
-        let agent = &pod.containers[0];
+        let (_, agent) = agent_of(&manifests);
         let command = agent.command.clone().expect("a command");
         assert_eq!(
             command,

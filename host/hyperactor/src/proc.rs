@@ -1264,13 +1264,22 @@ async fn serve_connection(
 
 /// What became of one data frame.
 enum Taken {
-    /// Delivered; the backlog of an actor now past its window (PR-9).
+    /// Delivered now or before (a duplicate); the backlog of an actor now
+    /// past its window (PR-9).
     Delivered(Option<Arc<Backlog>>),
-    /// Delivered before, on an earlier connection.
-    Duplicate,
     /// The session began with an earlier incarnation of this proc (PR-7):
     /// answer `restarted` and close.
     Restarted,
+}
+
+/// What a connection's reader has delivered, to acknowledge.
+#[derive(Default)]
+struct Progress {
+    /// The highest sequence number delivered.
+    delivered: u64,
+    /// A duplicate came since the last look: the sender is writing again
+    /// what it holds unacknowledged, so tell it at once what arrived.
+    resent: bool,
 }
 
 /// Takes data frame `seq` of the connection's peer session: delivers it
@@ -1281,6 +1290,7 @@ fn take_data(
     seq: u64,
     bytes: &[u8],
     type_names: &mut TypeNames,
+    progress: &mut Progress,
 ) -> Result<Taken, FrameError> {
     let Some(peer) = session.as_mut() else {
         return Err(FrameError::Invalid("a data frame before the hello".into()));
@@ -1299,7 +1309,9 @@ fn take_data(
             .stats
             .duplicates_dropped
             .fetch_add(1, Ordering::Relaxed);
-        return Ok(Taken::Duplicate);
+        progress.delivered = progress.delivered.max(seq);
+        progress.resent = true;
+        return Ok(Taken::Delivered(None));
     }
     if seq != *last + 1 {
         return Err(FrameError::Invalid(format!(
@@ -1311,7 +1323,15 @@ fn take_data(
         .map_err(|e| FrameError::Invalid(e.to_string()))?;
     let full = proc.deliver_archived(bytes, envelope, type_names)?;
     *last = seq;
+    progress.delivered = seq;
     Ok(Taken::Delivered(full))
+}
+
+/// Answers a session from an earlier incarnation of this proc (PR-7); the
+/// connection ends.
+async fn restarted(sink: &Sink) -> Result<(), FrameError> {
+    let _ = sink.write(&small_frame(FrameKind::Restarted, 0, &[])).await;
+    Ok(())
 }
 
 /// Takes a frame that is not data: an acknowledgement or a `restarted`
@@ -1360,7 +1380,7 @@ async fn serve_frames(
         None => return Ok(()),
     };
     let mut type_names = TypeNames::default();
-    let mut delivered = 0u64;
+    let mut progress = Progress::default();
     let mut acked = 0u64;
     let mut ack_deadline: Option<tokio::time::Instant> = None;
     let mut pace = Pace::new(config.busy_poll, SPIN_MAX);
@@ -1375,9 +1395,7 @@ async fn serve_frames(
     let mut overflow = false;
     loop {
         let mut full: Option<Arc<Backlog>> = None;
-        // The sender is writing again what it holds unacknowledged: tell it
-        // at once what arrived, rather than after the ack interval.
-        let mut resent = false;
+        progress.resent = false;
         {
             let Some(inner) = weak.upgrade() else {
                 return Ok(());
@@ -1386,19 +1404,9 @@ async fn serve_frames(
             // What was held comes first, then what the reader has.
             while let Some((seq, frame)) = held.pop_front() {
                 held_bytes -= frame.len();
-                match take_data(&proc, session, seq, &frame, &mut type_names)? {
-                    Taken::Delivered(backlog) => {
-                        delivered = seq;
-                        full = backlog;
-                    }
-                    Taken::Duplicate => {
-                        delivered = delivered.max(seq);
-                        resent = true;
-                    }
-                    Taken::Restarted => {
-                        let _ = sink.write(&small_frame(FrameKind::Restarted, 0, &[])).await;
-                        return Ok(());
-                    }
+                match take_data(&proc, session, seq, &frame, &mut type_names, &mut progress)? {
+                    Taken::Delivered(backlog) => full = backlog,
+                    Taken::Restarted => return restarted(sink).await,
                 }
                 if full.is_some() && !overflow {
                     break;
@@ -1415,28 +1423,20 @@ async fn serve_frames(
                     }
                     continue;
                 }
+                let bytes = reader.body(body);
                 match take_data(
                     &proc,
                     session,
                     header.seq,
-                    reader.body(body),
+                    bytes,
                     &mut type_names,
+                    &mut progress,
                 )? {
-                    Taken::Delivered(backlog) => {
-                        delivered = header.seq;
-                        full = backlog;
-                    }
-                    Taken::Duplicate => {
-                        delivered = delivered.max(header.seq);
-                        resent = true;
-                    }
-                    Taken::Restarted => {
-                        let _ = sink.write(&small_frame(FrameKind::Restarted, 0, &[])).await;
-                        return Ok(());
-                    }
+                    Taken::Delivered(backlog) => full = backlog,
+                    Taken::Restarted => return restarted(sink).await,
                 }
             }
-            if ack_deadline.is_none() && delivered > acked {
+            if ack_deadline.is_none() && progress.delivered > acked {
                 ack_deadline = Some(tokio::time::Instant::now() + config.ack_interval);
             }
             if full.is_some() {
@@ -1446,11 +1446,11 @@ async fn serve_frames(
         if let Some(backlog) = full {
             // PR-9: what was delivered is acknowledged (the sender's window
             // counts only what is in flight); delivering waits for the actor.
-            if delivered > acked {
-                if !sink.ack(delivered).await? {
+            if progress.delivered > acked {
+                if !sink.ack(progress.delivered).await? {
                     return Ok(());
                 }
-                acked = delivered;
+                acked = progress.delivered;
                 ack_deadline = None;
             }
             let low = config.port_window / 2;
@@ -1472,8 +1472,8 @@ async fn serve_frames(
                     }
                     filled = reader.fill(rd), if reads_on && held_bytes < hold_limit => {
                         if !filled? {
-                            if delivered > acked {
-                                let _ = sink.ack(delivered).await;
+                            if progress.delivered > acked {
+                                let _ = sink.ack(progress.delivered).await;
                             }
                             return Ok(());
                         }
@@ -1505,11 +1505,13 @@ async fn serve_frames(
             }
             continue;
         }
-        if delivered > acked && (resent || delivered - acked >= config.ack_every) {
-            if !sink.ack(delivered).await? {
+        if progress.delivered > acked
+            && (progress.resent || progress.delivered - acked >= config.ack_every)
+        {
+            if !sink.ack(progress.delivered).await? {
                 return Ok(());
             }
-            acked = delivered;
+            acked = progress.delivered;
             ack_deadline = None;
         }
         // Poll briefly before sleeping in epoll: a peer in a conversation
@@ -1546,8 +1548,8 @@ async fn serve_frames(
                     continue;
                 }
                 Some(false) => {
-                    if delivered > acked {
-                        let _ = sink.ack(delivered).await;
+                    if progress.delivered > acked {
+                        let _ = sink.ack(progress.delivered).await;
                     }
                     return Ok(());
                 }
@@ -1558,18 +1560,18 @@ async fn serve_frames(
             biased;
             filled = reader.fill(rd) => {
                 if !filled? {
-                    if delivered > acked {
-                        let _ = sink.ack(delivered).await;
+                    if progress.delivered > acked {
+                        let _ = sink.ack(progress.delivered).await;
                     }
                     return Ok(());
                 }
                 pace.came(started.elapsed());
             }
             _ = sleep_until_some(ack_deadline) => {
-                if !sink.ack(delivered).await? {
+                if !sink.ack(progress.delivered).await? {
                     return Ok(());
                 }
-                acked = delivered;
+                acked = progress.delivered;
                 ack_deadline = None;
             }
             _ = stopped(&mut shutdown) => return Ok(()),
@@ -1789,10 +1791,25 @@ mod tests {
         Mailbox,
         Mailbox,
     ) {
-        let a = Proc::serve_with_config("a", unix_addr(test, "a"), quick())
+        pair_with(test, quick()).await
+    }
+
+    /// [`pair`] with `config`.
+    async fn pair_with(
+        test: &str,
+        config: ProcConfig,
+    ) -> (
+        Proc,
+        Proc,
+        ActorRef<EchoActor>,
+        ActorRef<EchoActor>,
+        Mailbox,
+        Mailbox,
+    ) {
+        let a = Proc::serve_with_config("a", unix_addr(test, "a"), config.clone())
             .await
             .unwrap();
-        let b = Proc::serve_with_config("b", unix_addr(test, "b"), quick())
+        let b = Proc::serve_with_config("b", unix_addr(test, "b"), config)
             .await
             .unwrap();
         let echo_a = a.spawn("echo", 0, EchoActor::default()).unwrap().bind();
@@ -1937,16 +1954,7 @@ mod tests {
             port_window: 512,
             ..quick()
         };
-        let a = Proc::serve_with_config("a", unix_addr("pr11", "a"), config.clone())
-            .await
-            .unwrap();
-        let b = Proc::serve_with_config("b", unix_addr("pr11", "b"), config)
-            .await
-            .unwrap();
-        let echo_a = a.spawn("echo", 0, EchoActor::default()).unwrap().bind();
-        let echo_b = b.spawn("echo", 0, EchoActor::default()).unwrap().bind();
-        let (client_a, _) = a.attach("client").unwrap();
-        let (client_b, _) = b.attach("client").unwrap();
+        let (a, _b, echo_a, echo_b, client_a, client_b) = pair_with("pr11", config).await;
         // One connection both ways: a dials, b adopts it.
         let hi = echo_b
             .call(&client_a, |reply| Echo {

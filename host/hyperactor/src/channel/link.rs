@@ -219,7 +219,9 @@ struct LinkState<T> {
 /// The sending side of a channel to one address.
 pub(crate) struct Link<T> {
     dest: ChannelAddr,
-    hello: Vec<u8>,
+    /// The hello frame, written first on every connection (shared with
+    /// `out` on an adopted one).
+    hello: Arc<AlignedVec>,
     config: LinkConfig,
     state: Mutex<LinkState<T>>,
     wake: Notify,
@@ -245,7 +247,12 @@ impl<T: Send + 'static> Link<T> {
         let dials = config.dials;
         Arc::new(Link {
             dest,
-            hello: small_frame(FrameKind::Hello, session, hello_from.as_bytes()),
+            hello: {
+                let frame = small_frame(FrameKind::Hello, session, hello_from.as_bytes());
+                let mut aligned = AlignedVec::with_capacity(frame.len());
+                aligned.extend_from_slice(&frame);
+                Arc::new(aligned)
+            },
             config,
             state: Mutex::new(LinkState {
                 next_seq: 1,
@@ -488,19 +495,13 @@ impl<T: Send + 'static> Link<T> {
         st.origin = Origin::Adopted;
         st.dials = false;
         self.install(&mut st, connected_before);
-        st.out.push_front(Arc::new(self.hello_frame()));
+        st.out.push_front(self.hello.clone());
         self.stats.adopted.fetch_add(1, Ordering::Relaxed);
         self.flush(st);
         // The link's task tends the new connection (and drops the one it
         // may have dialed).
         self.wake.notify_one();
         Some(generation)
-    }
-
-    fn hello_frame(&self) -> AlignedVec {
-        let mut frame = AlignedVec::with_capacity(self.hello.len());
-        frame.extend_from_slice(&self.hello);
-        frame
     }
 
     /// Resets the write state for a new connection in `st.conn` and queues

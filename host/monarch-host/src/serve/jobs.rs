@@ -230,6 +230,7 @@ pub(crate) fn start_in_turn(
     state.live().insert(id, live);
     state.counters.submitted.fetch_add(1, Ordering::Relaxed);
     let state = state.clone();
+    let owner = owner.to_string();
     tokio::spawn(async move {
         let ran = {
             let state = state.clone();
@@ -238,6 +239,7 @@ pub(crate) fn start_in_turn(
                 run(
                     &state,
                     id,
+                    &owner,
                     &component,
                     &args,
                     limits,
@@ -360,6 +362,7 @@ fn recheck(grants: &Grants) -> Result<(), String> {
 async fn run(
     state: &Arc<State>,
     id: u64,
+    owner: &str,
     component: &str,
     args: &[String],
     limits: Limits,
@@ -484,12 +487,7 @@ async fn run(
     };
     state.counters.running.fetch_add(1, Ordering::Relaxed);
     let started = std::time::Instant::now();
-    let owner = state
-        .live()
-        .get(&id)
-        .map(|live| live.owner.clone())
-        .unwrap_or_default();
-    let access = super::handlers::actor_mesh_access(state, &owner);
+    let access = super::handlers::actor_mesh_access(state, owner);
     let cancel = {
         let mut cancelled = cancelled.clone();
         async move {
