@@ -180,6 +180,15 @@ fn hello() {
     );
 }
 
+/// failing-tests: a program of tests (`tests/test_runner.rs` runs them);
+/// its main only says so.
+#[test]
+fn failing_tests() {
+    let run = run(Path::new(env!("GUEST_FAILING_TESTS")), &[], sandbox());
+    run.assert_ok();
+    run.assert_logged("failing-tests has only tests");
+}
+
 /// ping-pong: two pingers hit their pongers three times each, awaiting the
 /// replies inside their handlers; the pongers counted six hits in all.
 #[test]

@@ -12,32 +12,30 @@
 //! The test needs Chromium at `/usr/bin/chromium`; without it, it says so
 //! and passes.
 
+#[path = "support/browser.rs"]
+mod browser;
 #[path = "support/serve.rs"]
 mod serve_support;
 
-use std::io::Read;
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use browser::{
+    attr, body_of, by_id, has_class, is_hidden, open_tags, strip_tags, tag_name, text_of,
+};
 use monarch_host::serve::api::{JobInfo, JobRequest, JobStatus, MeshChoice, SessionRequest};
 use serve_support::{Scratch, ServeProcess, TOKEN};
 
-const CHROMIUM: &str = "/usr/bin/chromium";
 /// How long a job may take to finish.
 const JOB_DEADLINE: Duration = Duration::from_secs(60);
 /// How long one request may go without a byte: a log stream that does not
 /// end is reported, not waited on.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long one Chromium run may take.
-const BROWSER_DEADLINE: Duration = Duration::from_secs(60);
 /// The console session the test opens.
 const SESSION: &str = "dash-echo";
 
 #[test]
 fn dashboard_shows_a_job_its_logs_the_mesh_and_sessions() {
-    if !Path::new(CHROMIUM).exists() {
-        eprintln!("skipped: {CHROMIUM} is missing (install it with `apt-get install chromium`)");
+    if !browser::available() {
         return;
     }
     // Declared first so that it is dropped last, after the server.
@@ -87,7 +85,7 @@ fn dashboard_shows_a_job_its_logs_the_mesh_and_sessions() {
 
     // The page, opened as a user would from a link that carries the token.
     let url = format!("http://{addr}/?token={TOKEN}#job={id}");
-    let dom = chromium_dump_dom(&url, &scratch.0.join("profile-token"));
+    let dom = browser::dump_dom(&url, &scratch.0.join("profile-token"));
     let context = || {
         format!(
             "the page showed:\n{}\n{}",
@@ -208,7 +206,7 @@ fn dashboard_shows_a_job_its_logs_the_mesh_and_sessions() {
         .unwrap_or_else(|e| panic!("close the session: {e}\n{}", server.log_text()));
     assert_eq!(closed.state, "closed", "{closed:?}");
     let url = format!("http://{addr}/?token={TOKEN}#job={}", opened.job);
-    let dom = chromium_dump_dom(&url, &scratch.0.join("profile-closed"));
+    let dom = browser::dump_dom(&url, &scratch.0.join("profile-closed"));
     let context = || format!("the page showed:\n{}\n{}", body_of(&dom), server.log_text());
     let row = session_row(&dom, SESSION).unwrap_or_else(|| {
         panic!(
@@ -248,7 +246,7 @@ fn dashboard_shows_a_job_its_logs_the_mesh_and_sessions() {
 
     // Without a token: the form that asks for one, and no jobs.
     let url = format!("http://{addr}/");
-    let dom = chromium_dump_dom(&url, &scratch.0.join("profile-no-token"));
+    let dom = browser::dump_dom(&url, &scratch.0.join("profile-no-token"));
     assert!(
         by_id(&dom, "token-form").is_some(),
         "GET / without a token did not serve the dashboard; the page showed:\n{}\n{}",
@@ -314,128 +312,6 @@ fn wait_for_job(rt: &tokio::runtime::Runtime, server: &ServeProcess, id: u64) ->
     }
 }
 
-/// Runs headless Chromium on `url` with a fresh profile in `profile`;
-/// returns the DOM it rendered once the page went idle (or its virtual
-/// clock ran 8 s: the dashboard refreshes every second).
-fn chromium_dump_dom(url: &str, profile: &Path) -> String {
-    let mut child = Command::new(CHROMIUM)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .args(["--virtual-time-budget=8000", "--dump-dom", url])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start chromium");
-    let mut stdout = child.stdout.take().expect("chromium's stdout");
-    let stdout = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stdout.read_to_string(&mut text);
-        text
-    });
-    let mut stderr = child.stderr.take().expect("chromium's stderr");
-    let stderr = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stderr.read_to_string(&mut text);
-        text
-    });
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for chromium") {
-            break status;
-        }
-        if started.elapsed() > BROWSER_DEADLINE {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "chromium did not finish {url} within {BROWSER_DEADLINE:?}; stderr:\n{}",
-                stderr.join().unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let dom = stdout.join().unwrap_or_default();
-    let stderr = stderr.join().unwrap_or_default();
-    assert!(
-        status.success() && dom.contains("</html>"),
-        "chromium on {url} exited {status}; stdout:\n{dom}\nstderr:\n{stderr}"
-    );
-    dom
-}
-
-/// The opening tags of `html`, such as `<tr class="job" data-id="7">`.
-fn open_tags(html: &str) -> impl Iterator<Item = &str> {
-    html.match_indices('<').filter_map(move |(start, _)| {
-        let rest = &html[start + 1..];
-        if !rest.starts_with(|c: char| c.is_ascii_alphabetic()) {
-            return None;
-        }
-        let end = rest.find('>')?;
-        Some(&html[start..start + 1 + end + 1])
-    })
-}
-
-/// A tag's name: `tr` for `<tr class="job">`.
-fn tag_name(tag: &str) -> &str {
-    let name = &tag[1..];
-    let end = name
-        .find(|c: char| c.is_whitespace() || c == '>' || c == '/')
-        .unwrap_or(name.len());
-    &name[..end]
-}
-
-/// The value of an attribute of an opening tag, as Chromium writes it:
-/// ` name="value"`, or ` name` alone (then the value is empty).
-fn attr<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
-    let quoted = format!(" {name}=\"");
-    if let Some(start) = tag.find(&quoted) {
-        let value = &tag[start + quoted.len()..];
-        return value.find('"').map(|end| &value[..end]);
-    }
-    let bare = format!(" {name}");
-    tag.match_indices(&bare).find_map(|(start, _)| {
-        let after = &tag[start + bare.len()..];
-        after
-            .starts_with(|c: char| c.is_whitespace() || c == '>' || c == '/')
-            .then_some("")
-    })
-}
-
-fn has_class(tag: &str, class: &str) -> bool {
-    attr(tag, "class").is_some_and(|classes| classes.split_whitespace().any(|c| c == class))
-}
-
-/// The opening tag of the element with `id`.
-fn by_id<'a>(dom: &'a str, id: &str) -> Option<&'a str> {
-    open_tags(dom).find(|tag| attr(tag, "id") == Some(id))
-}
-
-/// Whether the element with `id` carries the `hidden` attribute; panics if
-/// there is no such element.
-fn is_hidden(dom: &str, id: &str) -> bool {
-    let tag = by_id(dom, id).unwrap_or_else(|| panic!("no #{id} in the page:\n{}", body_of(dom)));
-    attr(tag, "hidden").is_some()
-}
-
-/// The text of the element with `id` up to its first child element,
-/// unescaped: the whole text of `#logs` or `#job-status`.
-fn text_of(dom: &str, id: &str) -> Option<String> {
-    let tag = by_id(dom, id)?;
-    let start = tag.as_ptr() as usize - dom.as_ptr() as usize + tag.len();
-    let rest = &dom[start..];
-    let end = rest.find('<').unwrap_or(rest.len());
-    Some(unescape(&rest[..end]))
-}
-
 /// The markup of `<div class="mesh" data-name="NAME">`, up to the next
 /// mesh or the end of the page.
 fn mesh_div<'a>(dom: &'a str, name: &str) -> Option<&'a str> {
@@ -460,38 +336,4 @@ fn session_row<'a>(dom: &'a str, name: &str) -> Option<&'a str> {
         .find("</tr>")
         .map_or(dom.len(), |end| start + end);
     Some(&dom[start..end])
-}
-
-/// The text of `markup` without its tags, unescaped.
-fn strip_tags(markup: &str) -> String {
-    let mut text = String::new();
-    let mut rest = markup;
-    while let Some(open) = rest.find('<') {
-        text.push_str(&rest[..open]);
-        text.push(' ');
-        rest = rest[open..]
-            .find('>')
-            .map_or("", |close| &rest[open + close + 1..]);
-    }
-    text.push_str(rest);
-    unescape(&text)
-}
-
-/// The page's body up to its script: what failure messages show of it.
-fn body_of(dom: &str) -> &str {
-    let start = dom.find("<body").unwrap_or(0);
-    let end = dom[start..]
-        .find("<script")
-        .map_or(dom.len(), |end| start + end);
-    &dom[start..end]
-}
-
-/// Undoes the escapes Chromium writes in text.
-fn unescape(text: &str) -> String {
-    text.replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&quot;", "\"")
-        .replace("&#39;", "'")
-        .replace("&nbsp;", "\u{a0}")
-        .replace("&amp;", "&")
 }

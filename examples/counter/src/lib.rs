@@ -8,6 +8,9 @@
 //!    call ends with an error of kind `trap` naming the actor and endpoint,
 //! 4. carries on: the other counters still answer, a call to the whole
 //!    mesh names the failed rank, and a new mesh on the same procs works.
+//!
+//! Its tests (`monarch-host test counter.wasm`) check the same, one case
+//! per test.
 
 use monarch_guest::prelude::*;
 use monarch_guest::take_failures;
@@ -141,6 +144,89 @@ async fn main(_args: Vec<String>) -> Result<(), String> {
     for failure in take_failures() {
         info!("  failure reported to the controller: {failure}");
     }
+    procs.stop();
+    Ok(())
+}
+
+// The tests: `monarch-host test counter.wasm` runs each on a cluster of its
+// own, as the controller.
+
+#[monarch_guest::test]
+async fn counters_count_on_a_mesh() -> Result<(), String> {
+    let procs = spawn_procs(&extent!(procs = 3))?;
+    let counters = procs.spawn::<Counter>("counters", &1)?;
+    assert_eq!(counters.call(&Add(5)).await?.values(), [6, 6, 6]);
+    assert_eq!(counters.at("procs", 1)?.call_one(&Add(4)).await?, 10);
+    assert_eq!(counters.call(&Get).await?.values(), [6, 10, 6]);
+    assert_eq!(counters.sum_i64(&Get).await?, 22);
+    procs.stop();
+    Ok(())
+}
+
+#[monarch_guest::test]
+async fn a_refused_amount_is_an_endpoint_error() -> Result<(), String> {
+    let procs = spawn_procs(&extent!(procs = 2))?;
+    let counters = procs.spawn::<Counter>("counters", &3)?;
+    let counter = counters.at("procs", 1)?;
+    let err = match counter.call_one(&Add(-1)).await {
+        Err(err) => err,
+        Ok(total) => return Err(format!("adding -1 was accepted: the total is {total}")),
+    };
+    assert_eq!(err.kind(), ErrorKind::Endpoint, "{err}");
+    assert_eq!(err.type_name(), Some("ValueError"), "{err}");
+    assert_eq!(err.message(), "cannot add -1: counters only count up");
+    assert_eq!(err.rank(), Some(1), "{err}");
+    // The counter refused the amount and lives on, unchanged.
+    assert_eq!(counter.call_one(&Get).await?, 3);
+    procs.stop();
+    Ok(())
+}
+
+#[monarch_guest::test]
+async fn a_trapped_counter_is_reported_and_the_rest_carry_on() -> Result<(), String> {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    use std::time::{Duration, Instant};
+
+    let procs = spawn_procs(&extent!(procs = 3))?;
+    let counters = procs.spawn::<Counter>("counters", &0)?;
+    let failures = Rc::new(RefCell::new(Vec::new()));
+    let seen = Rc::clone(&failures);
+    monarch_guest::supervise(move |failure| {
+        seen.borrow_mut().push(failure.clone());
+        true
+    });
+
+    let err = match counters.at("procs", 2)?.call_one(&Crash).await {
+        Err(err) => err,
+        Ok(()) => return Err("counter 2 was asked to crash and did not".into()),
+    };
+    assert_eq!(err.kind(), ErrorKind::Trap, "{err}");
+    assert_eq!(err.rank(), Some(2), "{err}");
+
+    // The rest carry on, and a new mesh on the same procs works.
+    assert_eq!(counters.at("procs", 0)?.call_one(&Add(10)).await?, 10);
+    let fresh = procs.spawn::<Counter>("fresh-counters", &100)?;
+    assert_eq!(fresh.sum_i64(&Get).await?, 300);
+
+    // The supervisor hears of the trap once; the event may come after the
+    // call's error, so wait for it (a bounded while).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while failures.borrow().is_empty() && Instant::now() < deadline {
+        sleep(Duration::from_millis(50)).await;
+    }
+    let failures = failures.borrow();
+    let [failure] = failures.as_slice() else {
+        return Err(format!(
+            "expected one failure reported, got {}: {failures:?}",
+            failures.len()
+        ));
+    };
+    assert_eq!(
+        (failure.mesh.as_str(), failure.rank, failure.kind),
+        ("counters", 2, ErrorKind::Trap),
+        "{failure}"
+    );
     procs.stop();
     Ok(())
 }

@@ -7,7 +7,8 @@
 //! ...
 //! ```
 //!
-//! Run with an argument to pick the number of procs: `hello 8`.
+//! Run with an argument to pick the number of procs: `hello 8`. Its tests
+//! (`monarch-host test hello.wasm`) check every rank's greeting.
 
 use monarch_guest::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -69,6 +70,37 @@ async fn main(args: Vec<String>) -> Result<(), String> {
         info!("rank {rank}: {greeting}");
     }
 
+    procs.stop();
+    Ok(())
+}
+
+/// What the greeters of a mesh of `n` say, in rank order.
+fn greetings_of(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|rank| format!("hello from rank {rank} of {n}"))
+        .collect()
+}
+
+// The tests: `monarch-host test hello.wasm` runs each on a cluster of its own.
+
+#[monarch_guest::test]
+async fn every_rank_greets_with_its_rank() -> Result<(), String> {
+    let procs = spawn_procs(&extent!(gpus = 3))?;
+    let greeters = procs.spawn::<Greeter>("greeters", &())?;
+    let greetings = greeters.call(&Greet).await?;
+    assert_eq!(greetings.values(), greetings_of(3));
+    procs.stop();
+    Ok(())
+}
+
+#[monarch_guest::test]
+async fn a_mesh_of_one_greets_once() -> Result<(), String> {
+    let procs = spawn_procs(&extent!(hosts = 1, gpus = 1))?;
+    let greeters = procs.spawn::<Greeter>("greeters", &())?;
+    let greeting = greeters.at("gpus", 0)?.call_one(&Greet).await?;
+    if greeting != "hello from rank 0 of 1" {
+        return Err(format!("a mesh of one greeted with {greeting:?}"));
+    }
     procs.stop();
     Ok(())
 }

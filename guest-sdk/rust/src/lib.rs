@@ -44,7 +44,10 @@
 //! - **Logging** through the host: [`info!`], [`warn!`], [`error!`]...
 //! - **Breakpoints**: [`breakpoint!`] pauses an actor for `monarch-host
 //!   debug` when the run has debugging on, and does nothing otherwise.
-//! - **[`program!`]** exports it all as the WIT world `program`.
+//! - **Tests**: [`#[monarch_guest::test]`](test) marks an `async fn` that
+//!   `monarch-host test` runs as the controller, on a cluster of its own.
+//! - **[`program!`]** exports it all as the WIT world `test` (the world
+//!   `program` and the `tests` export).
 //!
 //! # A whole program
 //!
@@ -157,6 +160,8 @@
 //!   handler's [`EndpointError`] becomes the WIT `endpoint-error`. An
 //!   unknown endpoint or undecodable message is an endpoint error.
 //! - `supervise(failure)` calls [`Actor::supervise`].
+//! - `list-tests()` names the functions marked [`#[monarch_guest::test]`](test),
+//!   sorted; `run-test(name)` runs one as `run` runs `main`.
 //!
 //! # Building natively
 //!
@@ -167,6 +172,10 @@
 //! standard error instead.
 
 #![warn(missing_docs)]
+
+// The paths that `#[monarch_guest::test]` expands to, inside this crate's
+// own unit tests too.
+extern crate self as monarch_guest;
 
 mod actor;
 mod call;
@@ -180,17 +189,18 @@ mod mesh;
 mod program;
 pub mod rdma;
 pub mod tensor;
+mod testing;
 pub mod time;
 mod value_mesh;
 
-/// The bindings that `wit-bindgen` generates for the world `program` of
-/// `wit/monarch.wit`: the raw imports, for what the typed API does not
-/// cover.
+/// The bindings that `wit-bindgen` generates for the world `test` of
+/// `wit/monarch.wit` (the world `program` and the export `tests`): the raw
+/// imports, for what the typed API does not cover.
 #[allow(missing_docs)]
 pub mod bindings {
     wit_bindgen::generate!({
         path: "../../wit",
-        world: "program",
+        world: "test",
         pub_export_macro: true,
         export_macro_name: "__export",
         default_bindings_module: "monarch_guest::bindings",
@@ -208,6 +218,36 @@ pub use mesh::{
 };
 pub use time::{Elapsed, Sleep, sleep, sleep_until, timeout};
 pub use value_mesh::ValueMesh;
+
+/// Marks a test of the program: `monarch-host test APP.wasm` lists and
+/// runs it, as the controller, each test on a cluster of its own.
+///
+/// ```
+/// # mod program {
+/// use monarch_guest::prelude::*;
+///
+/// #[monarch_guest::test]
+/// async fn spawns_three_procs() -> Result<(), String> {
+///     let procs = spawn_procs(&extent!(gpus = 3))?;
+///     assert_eq!(procs.extent().num_ranks(), 3);
+///     procs.stop();
+///     Ok(())
+/// }
+/// # }
+/// # fn main() {}
+/// ```
+///
+/// The function takes no arguments and returns `()` or
+/// `Result<(), String>`; it may be `async` or not, and may sit in any module
+/// of the program's crate. Its name (the function's, without the module)
+/// is the test's name, so give each test a name of its own. It passes when
+/// it returns `()` or `Ok(())`, and fails with the text of its `Err` or
+/// with a panic's message and line (`assert!`, `assert_eq!`: a panic traps
+/// the instance, and the host reports the trap). A failure of the
+/// program's meshes that no supervisor handles fails it too, as it ends
+/// `main`. Write the attribute as `#[monarch_guest::test]`, not as a bare
+/// `#[test]`, which is Rust's own.
+pub use monarch_guest_macros::test;
 
 /// The `futures` crate, for combinators such as
 /// [`join_all`](futures::future::join_all) and
@@ -271,6 +311,8 @@ pub mod prelude {
 /// - `actor-class.handle(endpoint, message)`: the [`Handler`] that
 ///   [`Actor::endpoints`] listed for `endpoint`.
 /// - `actor-class.supervise(failure)`: [`Actor::supervise`].
+/// - `tests.list-tests()` and `tests.run-test(name)`: the crate's functions
+///   marked [`#[monarch_guest::test]`](test), wherever they are.
 #[macro_export]
 macro_rules! program {
     (main: $main:path, actors: [$($actor:ty),* $(,)?] $(,)?) => {
@@ -322,4 +364,6 @@ macro_rules! __program {
 #[doc(hidden)]
 pub mod __private {
     pub use crate::program::{Class, Component, Program, class, no_main, run_main};
+    pub use crate::testing::{TestCase, TestFuture, TestOutput};
+    pub use inventory;
 }

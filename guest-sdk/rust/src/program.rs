@@ -5,7 +5,9 @@
 //! makes one instance for the controller, whose `run` export calls the
 //! program's `main`, and one instance per actor, whose `actor-class.create`
 //! picks the class by name and keeps the actor in this instance's [`SLOT`]
-//! for the `handle` and `supervise` calls that follow.
+//! for the `handle` and `supervise` calls that follow. For `monarch-host
+//! test`, the host makes one controller instance per test and calls
+//! `run-test` in it instead of `run` (see [`crate::testing`]).
 
 use std::cell::RefCell;
 use std::fmt::Display;
@@ -14,7 +16,7 @@ use std::marker::PhantomData;
 
 use crate::actor::{Actor, Context, Endpoints};
 use crate::bindings;
-use crate::bindings::exports::monarch::host::actor_class;
+use crate::bindings::exports::monarch::host::{actor_class, tests as wit_tests};
 use crate::bindings::monarch::host::types as wit;
 use crate::error::{EndpointError, SupervisionFailure};
 use crate::{Extent, block_on, codec};
@@ -177,6 +179,19 @@ impl<P: Program> bindings::Guest for Component<P> {
     }
 }
 
+/// The tests are the crate's, wherever `#[monarch_guest::test]` marks them,
+/// not the program's: every program exports `tests`, most listing none.
+impl<P: Program> wit_tests::Guest for Component<P> {
+    fn list_tests() -> Vec<String> {
+        crate::testing::list_tests()
+    }
+
+    fn run_test(name: String) -> Result<(), String> {
+        log_panics();
+        crate::testing::run_test(&name)
+    }
+}
+
 impl<P: Program> actor_class::Guest for Component<P> {
     fn create(class: String, init: Vec<u8>, rank: u32, extent: wit::Extent) -> Result<(), String> {
         log_panics();
@@ -209,7 +224,7 @@ fn log_panics() {
                 .unwrap_or("(a panic without a message)");
             let at = info
                 .location()
-                .map(|l| format!(" at {}:{}", l.file(), l.line()))
+                .map(|l| format!(" at {}:{}:{}", l.file(), l.line(), l.column()))
                 .unwrap_or_default();
             crate::log::log(
                 crate::log::Level::Error,

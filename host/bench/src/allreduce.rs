@@ -11,19 +11,25 @@
 //! Each proc holds `S` bytes of f32 (64 MiB; 8 MiB with `--quick`): the
 //! shard of a `Partial { mesh_dim: 0 }` tensor (ones on rank 0, zeros
 //! elsewhere, computed by an op so that its pages are in memory, as a
-//! gradient's would be), and [`TensorMesh::all_reduce`] sums it over the 4 ranks with
-//! the mesh's defaults (fan-out 16, so every proc is a child of the
-//! controller; chunks of 1 MiB, 4 in flight). The figures are **bytes
-//! moved**: with `k = 4` ranks the controller's sockets carry `k S` in (the
-//! shards) and `k S` out (the sum, once per rank), `2 k S` in all, so
+//! gradient's would be), and [`TensorMesh::all_reduce`] sums it over the 4
+//! ranks with the mesh's defaults: shards this large go round a ring of
+//! the workers (chunks of 1 MiB, 4 of a rank's own ahead), so the
+//! controller only starts it. The figures are **bytes moved** as a star
+//! through the controller would move them, the definition the floor
+//! measures: with `k = 4` ranks, `k S` in (the shards) and `k S` out (the
+//! sum, once per rank), `2 k S` in all, so
 //!
 //! - `tensor_allreduce_gbps` is `2 k S * 8 / t` (Gbit/s) for an
-//!   all-reduce that takes `t`, and
+//!   all-reduce that takes `t` (whatever path it takes: a ring moves
+//!   `2 (k - 1) S` between the workers instead), and
 //! - `tensor_allreduce_floor_gbps` is `2 k S * 8 / t_floor`: the floor
 //!   moves the same bytes, each peer's `S` to this process and `S` back to
 //!   each peer, over one Unix socket per peer, from 4 threads at once with
 //!   blocking reads and writes into buffers allocated (and touched) once.
 //!   No protocol, no runtime, no copies but the kernel's.
+//! - `tensor_allreduce_busbw_gbps` is the all-reduce's bus bandwidth as
+//!   NCCL's tests define it: `algbw = S / t`, `busbw = algbw * 2 (k - 1) /
+//!   k` (Gbit/s), 3/16 of `tensor_allreduce_gbps` with `k = 4`.
 //!
 //! Divide the first by the second for how close the all-reduce comes to the
 //! floor (the log prints it; the target is at least 0.5, "within 2x"). The
@@ -49,7 +55,7 @@ use anyhow::{Context as _, bail, ensure};
 use hyperactor_mesh::agent::Registry;
 use hyperactor_mesh::alloc::{BootstrapCommand, LocalAllocator};
 use hyperactor_mesh::client::MeshClient;
-use monarch_tensor::mesh::{BinaryOp, Init, Sharding, TensorMesh, TensorRef};
+use monarch_tensor::mesh::{BinaryOp, Init, Sharding, TensorMesh, TensorMeshOptions, TensorRef};
 use monarch_tensor::{DType, Device};
 use tokio::runtime::Runtime;
 
@@ -70,6 +76,8 @@ pub struct AllReduceSettings {
     pub bytes: usize,
     /// Timed turns after the checked warm-up turn.
     pub turns: usize,
+    /// `TensorMeshOptions::ring_min_bytes`, when not the default.
+    pub ring_min_bytes: Option<usize>,
 }
 
 /// Samples of one measurement, in Gbit/s of bytes moved.
@@ -105,6 +113,12 @@ pub fn run(rt: &Runtime, suite: &str, s: &AllReduceSettings) -> anyhow::Result<(
     let floor = median(&figures.floor).context("no floor samples")?;
     emit_rate(suite, "tensor_allreduce_gbps", reduce, Rate::Gbps)?;
     emit_rate(suite, "tensor_allreduce_floor_gbps", floor, Rate::Gbps)?;
+    emit_rate(
+        suite,
+        "tensor_allreduce_busbw_gbps",
+        busbw_of(reduce),
+        Rate::Gbps,
+    )?;
     let ratio = reduce / floor;
     let moved = moved_bytes(s.bytes) as f64;
     tracing::info!(
@@ -112,6 +126,7 @@ pub fn run(rt: &Runtime, suite: &str, s: &AllReduceSettings) -> anyhow::Result<(
         all_reduce_ms = format!("{:.1}", moved * 8.0 / reduce / 1e6),
         floor_ms = format!("{:.1}", moved * 8.0 / floor / 1e6),
         per_rank_gbytes_per_s = format!("{:.2}", s.bytes as f64 * reduce / moved / 8.0),
+        ring_min_bytes = options_ring_min_bytes(s),
         "tensor_allreduce_gbps / tensor_allreduce_floor_gbps = {ratio:.2} (target >= 0.5, within 2x of the floor: {}); {RANKS} child procs x {} MiB of f32",
         if ratio >= 0.5 { "met" } else { "NOT met" },
         s.bytes >> 20,
@@ -119,10 +134,30 @@ pub fn run(rt: &Runtime, suite: &str, s: &AllReduceSettings) -> anyhow::Result<(
     Ok(())
 }
 
-/// `2 k S`: what the controller's sockets carry in one all-reduce.
+/// The ring threshold the mesh runs with, for the log.
+fn options_ring_min_bytes(s: &AllReduceSettings) -> usize {
+    s.ring_min_bytes
+        .unwrap_or(TensorMeshOptions::default().ring_min_bytes)
+}
+
+/// `2 k S`: what a star through the controller carries in one all-reduce.
 fn moved_bytes(bytes: usize) -> usize {
     2 * RANKS * bytes
 }
+
+/// NCCL's bus bandwidth of an all-reduce, in Gbit/s, from its figure in
+/// bytes moved (`tensor_allreduce_gbps`, `2 k S * 8 / t`): NCCL's tests
+/// define `algbw = S / t` (`S` the bytes of one rank's buffer) and, for an
+/// all-reduce over `n` ranks, `busbw = algbw * 2 (n - 1) / n`, the rate
+/// each rank's link would need in an optimal ring, comparable across `n`.
+fn busbw_of(moved_gbps: f64) -> f64 {
+    let n = RANKS as f64;
+    let algbw = moved_gbps * BYTES_PER_RANK_OF_MOVED;
+    algbw * 2.0 * (n - 1.0) / n
+}
+
+/// `S / (2 k S)`: a rank's buffer as a share of the bytes moved.
+const BYTES_PER_RANK_OF_MOVED: f64 = 1.0 / (2 * RANKS) as f64;
 
 /// Gbit/s of bytes moved by one all-reduce (or floor round) of `bytes` per
 /// rank that took `took`.
@@ -166,7 +201,11 @@ async fn turns_on(
         .map_err(|e| anyhow::anyhow!("cannot start {RANKS} tensor procs: {e}"))?;
     let procs: Vec<_> = allocated.iter().map(|a| a.proc.clone()).collect();
     let extent = vec![("ranks".to_string(), RANKS as u32)];
-    let mut mesh = TensorMesh::spawn(client.clone(), &procs, extent)
+    let mut options = TensorMeshOptions::default();
+    if let Some(bytes) = s.ring_min_bytes {
+        options.ring_min_bytes = bytes;
+    }
+    let mut mesh = TensorMesh::spawn_with(client.clone(), &procs, extent, options)
         .await
         .context("cannot spawn the tensor workers")?;
     let numel = s.bytes / 4;
@@ -413,5 +452,15 @@ mod tests {
         // 512 MiB in a second is 4.29 Gbit/s.
         let rate = gbps(64 << 20, Duration::from_secs(1));
         assert!((rate - 4.294_967_296).abs() < 1e-9, "{rate}");
+    }
+
+    #[test]
+    fn bus_bandwidth_is_nccls_algbw_times_2_n_minus_1_over_n() {
+        // 64 MiB a rank in a second: algbw = 0.537 Gbit/s, and with 4
+        // ranks busbw = algbw * 6 / 4.
+        let moved = gbps(64 << 20, Duration::from_secs(1));
+        let algbw = (64u64 << 20) as f64 * 8.0 / 1e9;
+        let busbw = busbw_of(moved);
+        assert!((busbw - algbw * 1.5).abs() < 1e-12, "{busbw}");
     }
 }

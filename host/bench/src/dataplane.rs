@@ -86,6 +86,12 @@ pub struct DataplaneArgs {
     /// of a few seconds; rough figures.
     #[arg(long)]
     quick: bool,
+    /// The smallest shard the all-reduce sums round a ring of the workers
+    /// (`TensorMeshOptions::ring_min_bytes`; default the mesh's, 256 KiB).
+    /// 18446744073709551615 sends it through the controller's multicast
+    /// tree instead, as the comparisons in docs/benchmarks.md do.
+    #[arg(long, value_name = "BYTES")]
+    allreduce_ring_min_bytes: Option<usize>,
 }
 
 /// How much the suite does.
@@ -122,6 +128,7 @@ impl Settings {
                 allreduce: AllReduceSettings {
                     bytes: 8 << 20,
                     turns: 3,
+                    ring_min_bytes: None,
                 },
             }
         } else {
@@ -136,6 +143,7 @@ impl Settings {
                 allreduce: AllReduceSettings {
                     bytes: 64 << 20,
                     turns: 7,
+                    ring_min_bytes: None,
                 },
             }
         }
@@ -145,7 +153,8 @@ impl Settings {
 /// Runs the suite.
 pub fn main(args: DataplaneArgs) -> anyhow::Result<()> {
     let began = Instant::now();
-    let settings = Settings::new(args.quick);
+    let mut settings = Settings::new(args.quick);
+    settings.allreduce.ring_min_bytes = args.allreduce_ring_min_bytes;
     tracing::info!(
         quick = args.quick,
         bytes = settings.bytes,

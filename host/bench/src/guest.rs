@@ -46,11 +46,24 @@ pub async fn run(
     args: &[String],
     sandbox: monarch_host::Sandbox,
 ) -> anyhow::Result<Vec<Record>> {
+    Ok(run_watched(program, args, sandbox, |_| {}).await?.0)
+}
+
+/// [`run`], calling `watch` with each line of the guest's log as it is
+/// logged, before the guest goes on (so that `watch` can sample the
+/// machine at a moment the guest marks); returns every line too.
+pub async fn run_watched(
+    program: &Path,
+    args: &[String],
+    sandbox: monarch_host::Sandbox,
+    watch: impl Fn(&str) + Send + Sync + 'static,
+) -> anyhow::Result<(Vec<Record>, Vec<String>)> {
     check_program(program)?;
     let lines: Arc<Mutex<Vec<String>>> = Arc::default();
     let sink = {
         let lines = lines.clone();
         Arc::new(move |line: &str| {
+            watch(line);
             if !line.contains("BENCH ") {
                 tracing::info!("{line}");
             }
@@ -75,7 +88,7 @@ pub async fn run(
             records.push(record);
         }
     }
-    Ok(records)
+    Ok((records, lines))
 }
 
 /// The record in one line of the guest's log, if it holds one.

@@ -142,7 +142,8 @@
 //! | `matmul_floor_gflops` | a naive `i-k-j` loop on f32 at N = 256: what the obvious code gets on this machine | GFLOP/s |
 //! | `cuda_matmul_gflops` | only with the `cuda` feature and a GPU: f32 at N = 4096 on `cuda:0` (cuBLAS), 8 products a sample, median of 7; otherwise skipped with a line on stderr | GFLOP/s |
 //! | `tensor_allreduce_floor_gbps` | floor: `2 k S` bytes (each of `k` = 4 peer processes' `S` = 64 MiB in, then `S` back to each) over one Unix socket per peer, 4 threads, blocking std sockets, buffers touched once; median of 7 turns after 1 | Gbit/s |
-//! | `tensor_allreduce_gbps` | `TensorMesh::all_reduce` of a `Partial` f32 tensor of 64 MiB a rank over 4 child procs (hidden subcommand `tensor-bootstrap`), as the bytes its controller's sockets move (`2 k S * 8 / t`); median of 7 turns after a checked one, in turns with the floor (see `allreduce.rs`) | Gbit/s |
+//! | `tensor_allreduce_gbps` | `TensorMesh::all_reduce` of a `Partial` f32 tensor of 64 MiB a rank over 4 child procs (hidden subcommand `tensor-bootstrap`; round a ring of the workers, `--allreduce-ring-min-bytes` to change), as the bytes a star through the controller moves (`2 k S * 8 / t`, the floor's bytes); median of 7 turns after a checked one, in turns with the floor (see `allreduce.rs`) | Gbit/s |
+//! | `tensor_allreduce_busbw_gbps` | the same all-reduce's bus bandwidth as NCCL's tests define it: `algbw = S / t`, `busbw = algbw * 2 (k - 1) / k` | Gbit/s |
 //!
 //! Read `rdma_tcp_gbps` against `raw_tcp_gbps` (the target is at least
 //! 0.8 x; the log prints the ratio), and `tensor_allreduce_gbps` against
@@ -181,6 +182,29 @@
 //! metrics are not printed; `--require-all` fails instead. About 80 s on
 //! two cores, most of it Python's cold starts; `--quick` (100 calls, one
 //! run of each start, meshes of 1 and 10) about 35 s.
+//!
+//! ## `scale`: casts to 10,000 Wasm actors over 64 simulated hosts
+//!
+//! 64 host agents (what `monarch-host agent` serves), each on a loopback
+//! address of its own (127.0.0.2 onwards), all in one child process
+//! (hidden subcommand `scale-agents`, which exits when its stdin closes);
+//! the guest program (mode `scale`) spawns a proc on each and meshes of
+//! 64, 256, 1,024, 4,096 and 10,048 actors (157 a proc) on them. This
+//! process holds only the controller, so hyperactor's process-wide frame
+//! counters count the controller's messages. Per size `N`:
+//! `spawn_actors_ms_N`, `cast_reduce_us_N` (median of 100; p10 and p90
+//! as `cast_reduce_p10_us_N`, `cast_reduce_p90_us_N`),
+//! `controller_msgs_sent_per_cast_N`, `controller_msgs_received_per_cast_N`
+//! (data frames; the suite fails if they grow with N),
+//! `cpu_per_cast_per_actor_us_N`, `controller_cpu_per_cast_us_N`,
+//! `cast_cores_busy_N`, `cast_residual_us_N` (latency less the procs' CPU
+//! per cast over the cores), `rss_per_actor_kib_N`; once:
+//! `spawn_procs_ms`, `rss_per_proc_mib`, least-squares fits of the latency
+//! and of the residual against log2 N and N (`cast_fit_log_r2`,
+//! `cast_fit_linear_r2`, ...: `a_us`, `b_us`, `r2` of each), and the floor
+//! `raw_unix_rtt_us`. Slopes and residuals may be negative, so these
+//! records are any finite number. About 60 s on two cores; `--quick` (8
+//! agents, 8, 64 and 256 actors) about 2 s. See `docs/scale.md`.
 
 mod allreduce;
 mod anylang;
@@ -192,6 +216,7 @@ mod mesh;
 mod raw;
 mod report;
 mod runtime;
+mod scale;
 mod serve;
 mod worker;
 
@@ -226,6 +251,10 @@ Examples:
                                    backend next to a bare TCP stream, tensor matmul GFLOP/s, and
                                    a tensor all-reduce over 4 child procs next to raw Unix sockets
                                    (about 20 s; --quick moves 64 MiB)
+  monarch-bench scale              casts to 10,000 Wasm actors over 64 simulated hosts (agents on
+                                   127.0.0.2..): spawn, cast-and-reduce latency, memory, the
+                                   controller's messages per cast, fits in log N and N (a few
+                                   minutes; --quick under a minute; needs the guest program)
   monarch-bench anylang            the same program in Rust, Python and JavaScript side by side:
                                    call round trips, cost per actor, cold and warm starts through
                                    monarch-host run (about a minute; needs target/release/monarch-host,
@@ -306,9 +335,10 @@ enum Suite {
     /// (Gbit/s); matmul_gflops, matmul_f64_gflops (CPU, N = 1024),
     /// matmul_floor_gflops (naive loop, N = 256), and with the `cuda`
     /// feature and a GPU cuda_matmul_gflops (f32, N = 4096), all GFLOP/s;
-    /// tensor_allreduce_gbps (4 child procs x 64 MiB of f32, as bytes
-    /// moved through the controller's sockets) and its floor
-    /// tensor_allreduce_floor_gbps, median of 7 turns (Gbit/s). About 20 s
+    /// tensor_allreduce_gbps (4 child procs x 64 MiB of f32, as the bytes
+    /// a star through the controller moves), its floor
+    /// tensor_allreduce_floor_gbps and NCCL's bus bandwidth
+    /// tensor_allreduce_busbw_gbps, median of 7 turns (Gbit/s). About 20 s
     /// on 2 cores.
     Dataplane(dataplane::DataplaneArgs),
 
@@ -330,6 +360,35 @@ enum Suite {
     /// missing is skipped with a line on stderr (`--require-all` fails
     /// instead). About a minute on 2 cores, most of it Python's cold starts.
     Anylang(anylang::AnylangArgs),
+
+    /// Casts to up to 10,000 Wasm actors over 64 simulated hosts (host
+    /// agents on loopback addresses of their own, 127.0.0.2 onwards, all
+    /// in one child process; a proc on each), next to a bare Unix socket
+    /// round trip (the floor).
+    ///
+    /// At 64, 256, 1,024, 4,096 and 10,048 actors (157 on each of 64
+    /// procs): spawn_actors_ms_N, cast_reduce_us_N (median; p10 and p90
+    /// too), controller_msgs_sent_per_cast_N and
+    /// controller_msgs_received_per_cast_N (data frames at the controller,
+    /// which must stay flat in N), cpu_per_cast_per_actor_us_N,
+    /// controller_cpu_per_cast_us_N, cast_residual_us_N (latency less the
+    /// procs' CPU per cast over the cores), rss_per_actor_kib_N; once:
+    /// spawn_procs_ms, rss_per_proc_mib, fits of the latency and of the
+    /// residual against log2 N and N (cast_fit_log_r2,
+    /// cast_fit_linear_r2, ...), and the floor raw_unix_rtt_us. Needs the
+    /// guest program: `cd guest-sdk && cargo build --release --target
+    /// wasm32-wasip2`. See docs/scale.md.
+    Scale(scale::ScaleArgs),
+
+    /// The simulated hosts of the scale suite: serves COUNT host agents on
+    /// 127.0.0.2 onwards, prints `READY <pid> <addr>,...`, exits when stdin
+    /// closes.
+    #[command(hide = true, name = "scale-agents")]
+    ScaleAgents {
+        /// How many agents.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        count: u32,
+    },
 
     /// A proc of the mesh and serve suites, as `monarch-host bootstrap`: started by the
     /// suite itself, configured through the environment.
@@ -482,6 +541,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             rt.shutdown_timeout(std::time::Duration::from_secs(1));
             result
         }
+        Suite::Scale(args) => {
+            let rt = match args.threads {
+                1 => worker::runtime(Flavor::CurrentThread, 1)?,
+                n => worker::runtime(Flavor::MultiThread, n.into())?,
+            };
+            let result = rt.block_on(scale::run(args));
+            rt.shutdown_timeout(std::time::Duration::from_secs(1));
+            result
+        }
+        Suite::ScaleAgents { count } => scale::serve_agents(count),
         // Before any runtime: it sets the compile cache's directory.
         Suite::Serve(args) => serve::main(args),
         Suite::Dataplane(args) => dataplane::main(args),

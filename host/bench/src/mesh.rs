@@ -104,6 +104,11 @@ pub struct MeshArgs {
     /// The Python that runs the peers (`--peers`).
     #[arg(long, default_value = DEFAULT_PEERS_PYTHON, value_name = "PATH")]
     peers_python: PathBuf,
+    /// Traces every cast with replies, as `monarch-host run --trace-file`,
+    /// into FILE: the suite then measures what tracing costs (compare a
+    /// run without it).
+    #[arg(long, value_name = "FILE")]
+    trace_file: Option<PathBuf>,
 }
 
 /// Runs the suite and writes its records to stdout.
@@ -132,19 +137,7 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
     // machine that changes speed in between moves both.
     let samples = if args.quick { 1_000 } else { 10_000 };
     let scratch = Scratch::new()?;
-    let raw_worker = Worker::start(
-        "raw unix echo",
-        &[
-            "raw-echo".to_string(),
-            "--addr".into(),
-            scratch.unix_addr("raw.sock")?.to_string(),
-        ],
-    )
-    .await?;
-    let mut raw = RawStream::connect(raw_worker.ready())?;
-    (raw, _) = raw_rtt(raw, FLOOR_PAYLOAD, samples / 5).await?;
-    tokio::time::sleep(FLOOR_SETTLE).await;
-    let (mut raw, mut floor) = raw_rtt(raw, FLOOR_PAYLOAD, samples / 2).await?;
+    let (raw_worker, mut raw, mut floor) = unix_floor(&scratch, samples).await?;
 
     let sandbox = Sandbox {
         placement: Placement::Local {
@@ -162,9 +155,25 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
     if args.quick {
         guest_args.push("quick".into());
     }
+    let traces = match &args.trace_file {
+        Some(file) => Some(
+            monarch_host::traces::TraceOutput::start(None, Some(file))
+                .map_err(|e| anyhow::anyhow!(e))?,
+        ),
+        None => None,
+    };
     let records = guest::run(&args.program, &guest_args, sandbox)
         .await
         .context("the mesh benchmark program failed")?;
+    if let Some(traces) = traces {
+        let report = traces.finish(Duration::from_secs(30));
+        tracing::info!(
+            traces = report.traces,
+            spans = report.spans,
+            dropped = report.dropped,
+            "casts traced"
+        );
+    }
     guest::expect_metrics(&records, &GUEST_METRICS)?;
     // In the documented order, whatever order the guest measured them in.
     let mut records = records;
@@ -192,6 +201,30 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
         log_comparison(&records, &peers);
     }
     Ok(())
+}
+
+/// Starts the floor of the mesh-like suites, a bare Unix socket round trip
+/// between this process and a `raw-echo` worker, and measures its first
+/// half: `samples / 5` untimed round trips, a pause, then `samples / 2`
+/// timed ones. The caller measures the second half after its program.
+pub(crate) async fn unix_floor(
+    scratch: &Scratch,
+    samples: usize,
+) -> anyhow::Result<(Worker, RawStream, Vec<f64>)> {
+    let raw_worker = Worker::start(
+        "raw unix echo",
+        &[
+            "raw-echo".to_string(),
+            "--addr".into(),
+            scratch.unix_addr("raw.sock")?.to_string(),
+        ],
+    )
+    .await?;
+    let mut raw = RawStream::connect(raw_worker.ready())?;
+    (raw, _) = raw_rtt(raw, FLOOR_PAYLOAD, samples / 5).await?;
+    tokio::time::sleep(FLOOR_SETTLE).await;
+    let (raw, floor) = raw_rtt(raw, FLOOR_PAYLOAD, samples / 2).await?;
+    Ok((raw_worker, raw, floor))
 }
 
 /// Logs every figure as a multiple of the floor.

@@ -49,7 +49,7 @@ const SERVE_METRICS: [(&str, &str); 7] = [
 
 /// Every metric of the dataplane suite, with its unit, but
 /// `cuda_matmul_gflops` (only with the `cuda` feature and a GPU).
-const DATAPLANE_METRICS: [(&str, &str); 8] = [
+const DATAPLANE_METRICS: [(&str, &str); 9] = [
     ("raw_tcp_gbps", "Gbit/s"),
     ("rdma_tcp_gbps", "Gbit/s"),
     ("rdma_tcp_read_gbps", "Gbit/s"),
@@ -58,6 +58,7 @@ const DATAPLANE_METRICS: [(&str, &str); 8] = [
     ("matmul_floor_gflops", "GFLOP/s"),
     ("tensor_allreduce_gbps", "Gbit/s"),
     ("tensor_allreduce_floor_gbps", "Gbit/s"),
+    ("tensor_allreduce_busbw_gbps", "Gbit/s"),
 ];
 
 /// Every metric of the anylang suite for Rust alone, with its unit (the
@@ -427,5 +428,113 @@ fn mesh_peers_without_python_warns_how_to_install_and_keeps_stdout_clean() {
     assert!(
         stderr.contains("pip install torchmonarch==0.7.0 ray==2.60.0"),
         "{stderr}"
+    );
+}
+
+/// The scale suite's records at one size `n` (actors), with their units.
+fn scale_size_metrics(n: u32) -> Vec<(String, &'static str)> {
+    [
+        ("spawn_actors_ms", "ms"),
+        ("cast_reduce_us", "us"),
+        ("cast_reduce_p10_us", "us"),
+        ("cast_reduce_p90_us", "us"),
+        ("controller_msgs_sent_per_cast", "msgs"),
+        ("controller_msgs_received_per_cast", "msgs"),
+        ("cpu_per_cast_per_actor_us", "us"),
+        ("controller_cpu_per_cast_us", "us"),
+        ("cast_cores_busy", "cores"),
+        ("cast_residual_us", "us"),
+        ("rss_per_actor_kib", "KiB"),
+    ]
+    .into_iter()
+    .map(|(name, unit)| (format!("{name}_{n}"), unit))
+    .collect()
+}
+
+#[test]
+fn scale_quick_prints_each_metric_once_and_the_controllers_messages_stay_flat() {
+    let program = guest_program();
+    let program = program.to_str().expect("a UTF-8 path");
+    let started = Instant::now();
+    let output = run(
+        &["scale", "--quick", "--program", program],
+        Duration::from_secs(120),
+    );
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // The suite fails when a reduced sum is wrong or the controller's
+    // messages per cast grow with N.
+    assert!(output.status.success(), "failed: {stderr}");
+    let stdout = String::from_utf8(output.stdout).expect("stdout is UTF-8");
+
+    let sizes = [8, 64, 256];
+    let mut expected: Vec<(String, &str)> = vec![
+        ("spawn_procs_ms".into(), "ms"),
+        ("rss_per_proc_mib".into(), "MiB"),
+        ("raw_unix_rtt_us".into(), "us"),
+    ];
+    for n in sizes {
+        expected.extend(scale_size_metrics(n));
+    }
+    for prefix in ["cast_fit", "cast_residual_fit"] {
+        for (fit, unit) in [
+            ("log_a_us", "us"),
+            ("log_b_us", "us"),
+            ("log_r2", "1"),
+            ("linear_a_us", "us"),
+            ("linear_b_us", "us"),
+            ("linear_r2", "1"),
+        ] {
+            expected.push((format!("{prefix}_{fit}"), unit));
+        }
+    }
+    let mut values: HashMap<String, Vec<f64>> = HashMap::new();
+    for line in stdout.lines() {
+        let record: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {line:?}"));
+        let fields = record.as_object().expect("a record is a JSON object");
+        assert_eq!(fields.len(), 4, "unexpected fields in {line}");
+        assert_eq!(record["suite"], "scale", "{line}");
+        let metric = record["metric"].as_str().expect("metric is a string");
+        let (_, unit) = expected
+            .iter()
+            .find(|(name, _)| name == metric)
+            .unwrap_or_else(|| panic!("unknown metric {metric} in {line}"));
+        assert_eq!(record["unit"], *unit, "{line}");
+        let value = record["value"].as_f64().expect("value is a number");
+        assert!(value.is_finite(), "{line}");
+        values.entry(metric.to_string()).or_default().push(value);
+    }
+    for (metric, _) in &expected {
+        assert_eq!(
+            values.get(metric).map(Vec::len),
+            Some(1),
+            "{metric} must appear exactly once in:\n{stdout}"
+        );
+    }
+    let value = |metric: &str| values[metric][0];
+    for n in sizes {
+        for metric in ["spawn_actors_ms", "cast_reduce_us"] {
+            assert!(value(&format!("{metric}_{n}")) > 0.0, "{metric}_{n}");
+        }
+        // Every cast reaches the controller's children in the tree and
+        // comes back reduced: some messages, as many at 256 actors as at 8.
+        for way in ["sent", "received"] {
+            let at = |n: u32| value(&format!("controller_msgs_{way}_per_cast_{n}"));
+            assert!(at(n) >= 1.0, "controller_msgs_{way}_per_cast_{n}");
+            assert!(
+                at(n) <= at(8) * 1.5 + 1.0,
+                "the controller's messages {way} per cast grew from {} at 8 actors to {} at {n}",
+                at(8),
+                at(n)
+            );
+        }
+    }
+    for fit in ["cast_fit_log_r2", "cast_fit_linear_r2"] {
+        assert!((0.0..=1.0).contains(&value(fit)), "{fit} = {}", value(fit));
+    }
+    assert!(
+        took < Duration::from_secs(60),
+        "scale --quick took {took:?}"
     );
 }

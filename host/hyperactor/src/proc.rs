@@ -44,10 +44,13 @@
 //!   unacknowledged, up to `link_window` bytes, so the peer's window
 //!   still fills and stops it. One direction's backlog never stalls the
 //!   other's acknowledgements.
+//! - PR-12: a proc whose connections may not busy-poll
+//!   ([`Proc::set_busy_poll`]) sleeps in epoll as soon as a connection has
+//!   nothing to read; it never spins on a core its peers need.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -169,12 +172,17 @@ impl Pace {
 
 /// The CPU time this thread has used.
 fn thread_cpu_time() -> Option<Duration> {
+    cpu_time(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// The CPU time `clock` (a CPU-time clock of this thread or process) reads.
+fn cpu_time(clock: libc::clockid_t) -> Option<Duration> {
     let mut now = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime writes one timespec into memory we own.
-    let done = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    let done = unsafe { libc::clock_gettime(clock, &mut now) };
     let secs = u64::try_from(now.tv_sec).ok()?;
     let nanos = u32::try_from(now.tv_nsec).ok()?;
     (done == 0).then(|| Duration::new(secs, nanos))
@@ -316,6 +324,8 @@ pub(crate) struct ProcInner {
     supervision_tx: mpsc::UnboundedSender<ActorSupervisionEvent>,
     supervision_rx: Mutex<Option<mpsc::UnboundedReceiver<ActorSupervisionEvent>>>,
     stats: Arc<ChannelStats>,
+    /// Whether connections may busy-poll ([`Proc::set_busy_poll`]).
+    polling: Arc<AtomicBool>,
     shutdown: watch::Sender<bool>,
 }
 
@@ -370,6 +380,7 @@ impl Proc {
             supervision_tx,
             supervision_rx: Mutex::new(Some(supervision_rx)),
             stats: Arc::default(),
+            polling: Arc::new(AtomicBool::new(true)),
             shutdown: watch::Sender::new(false),
         });
         let shutdown = inner.shutdown.subscribe();
@@ -403,6 +414,14 @@ impl Proc {
     /// Channel counters: retransmissions, reconnects, duplicates dropped, bad frames.
     pub fn stats(&self) -> &ChannelStats {
         &self.0.stats
+    }
+
+    /// Lets this proc's connections busy-poll for their next frame
+    /// (`ProcConfig::busy_poll`), or makes them sleep at once while `on`
+    /// is false: a proc whose peers run on this machine's every core
+    /// should not hold one of them spinning (PR-12).
+    pub fn set_busy_poll(&self, on: bool) {
+        self.0.polling.store(on, Ordering::Relaxed);
     }
 
     /// Spawns a root actor `name[rank]`. Its supervision events go to
@@ -729,6 +748,7 @@ impl Proc {
             return;
         }
         finish_frame(&mut frame, FrameKind::Data, 0);
+        crate::channel::traffic::count_sent(frame.len());
         let addr = envelope.dest.actor_id().proc_id().addr();
         // A link may die between lookup and send; the second try gets a new one.
         let mut pending = (frame, meta);
@@ -1322,6 +1342,7 @@ fn take_data(
     let envelope = rkyv::access::<ArchivedEnvelope, rancor::Error>(bytes)
         .map_err(|e| FrameError::Invalid(e.to_string()))?;
     let full = proc.deliver_archived(bytes, envelope, type_names)?;
+    crate::channel::traffic::count_received(HEADER_LEN + bytes.len());
     *last = seq;
     progress.delivered = seq;
     Ok(Taken::Delivered(full))
@@ -1375,8 +1396,12 @@ async fn serve_frames(
     sink: &Sink,
     session: &mut Option<PeerSession>,
 ) -> Result<(), FrameError> {
-    let (config, mut shutdown) = match weak.upgrade() {
-        Some(inner) => (inner.config.clone(), inner.shutdown.subscribe()),
+    let (config, mut shutdown, polling) = match weak.upgrade() {
+        Some(inner) => (
+            inner.config.clone(),
+            inner.shutdown.subscribe(),
+            inner.polling.clone(),
+        ),
         None => return Ok(()),
     };
     let mut type_names = TypeNames::default();
@@ -1434,6 +1459,21 @@ async fn serve_frames(
                 )? {
                     Taken::Delivered(backlog) => full = backlog,
                     Taken::Restarted => return restarted(sink).await,
+                }
+            }
+            if let Sink::Link(link, generation) = sink {
+                // LK-10: what a data frame the other way already carried
+                // needs no acknowledgement of its own; what is left rides
+                // on the next one, if one goes before the deadline.
+                let carried = link.piggybacked(*generation).min(progress.delivered);
+                if carried > acked {
+                    acked = carried;
+                    if acked == progress.delivered {
+                        ack_deadline = None;
+                    }
+                }
+                if progress.delivered > acked {
+                    link.offer_ack(*generation, progress.delivered);
                 }
             }
             if ack_deadline.is_none() && progress.delivered > acked {
@@ -1519,7 +1559,11 @@ async fn serve_frames(
         // costs more than that on virtual machines. The first yield lets the
         // actors this connection just fed run; later ones, every few
         // microseconds, keep the rest of this worker's tasks going.
-        let spin = pace.budget();
+        let spin = if polling.load(Ordering::Relaxed) {
+            pace.budget()
+        } else {
+            Duration::ZERO
+        };
         let started = std::time::Instant::now();
         if !spin.is_zero() {
             let polling = pace.polling(spin);
@@ -1568,7 +1612,11 @@ async fn serve_frames(
                 pace.came(started.elapsed());
             }
             _ = sleep_until_some(ack_deadline) => {
-                if !sink.ack(progress.delivered).await? {
+                let carried = match sink {
+                    Sink::Link(link, generation) => link.piggybacked(*generation),
+                    _ => 0,
+                };
+                if carried < progress.delivered && !sink.ack(progress.delivered).await? {
                     return Ok(());
                 }
                 acked = progress.delivered;
@@ -1817,6 +1865,80 @@ mod tests {
         let (client_a, _) = a.attach("client").unwrap();
         let (client_b, _) = b.attach("client").unwrap();
         (a, b, echo_a, echo_b, client_a, client_b)
+    }
+
+    /// This process's CPU time.
+    fn process_cpu_time() -> Duration {
+        cpu_time(libc::CLOCK_PROCESS_CPUTIME_ID).expect("the process CPU clock reads")
+    }
+
+    /// The CPU two procs in this process burn in the 150 ms after a call
+    /// between them, with a busy-poll window longer than that.
+    async fn idle_cpu_after_a_call(test: &str, polling: bool) -> Duration {
+        let config = ProcConfig {
+            busy_poll: Duration::from_millis(400),
+            ..quick()
+        };
+        let (a, b, _, echo_b, client_a, _) = pair_with(test, config).await;
+        a.set_busy_poll(polling);
+        b.set_busy_poll(polling);
+        let ping = |reply| Echo {
+            payload: vec![1],
+            reply,
+        };
+        assert_eq!(echo_b.call(&client_a, ping).await.unwrap(), vec![1]);
+        let before = process_cpu_time();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        process_cpu_time().saturating_sub(before)
+    }
+
+    /// PR-12: connections of a proc told not to busy-poll sleep as soon as
+    /// they have nothing to read; with polling on, the same pair spins
+    /// through its window (so the measurement can tell the two apart).
+    #[tokio::test]
+    async fn pr12_a_proc_told_not_to_poll_sleeps_at_once() {
+        // Sleeping first: the spinning pair's connections go on spinning
+        // for their window after the pair is dropped.
+        let sleeping = idle_cpu_after_a_call("pr12-off", false).await;
+        assert!(
+            sleeping <= Duration::from_millis(30),
+            "with polling off the connections sleep: {sleeping:?} of CPU in 150 ms"
+        );
+        let spinning = idle_cpu_after_a_call("pr12-on", true).await;
+        assert!(
+            spinning >= Duration::from_millis(60),
+            "with polling on the connections spin while idle: {spinning:?} of CPU in 150 ms"
+        );
+    }
+
+    /// LK-10: on a shared connection a call's reply carries the
+    /// acknowledgement of the call, and the next call that of the reply:
+    /// with a 10 s ack interval, nothing waits for one.
+    #[tokio::test]
+    async fn lk10_calls_and_replies_acknowledge_each_other() {
+        let config = ProcConfig {
+            ack_interval: Duration::from_secs(10),
+            ..quick()
+        };
+        let (a, b, _, echo_b, client_a, _) = pair_with("lk10", config).await;
+        for round in 0..200u32 {
+            let payload = round.to_le_bytes().to_vec();
+            let ping = |reply| Echo {
+                payload: payload.clone(),
+                reply,
+            };
+            assert_eq!(echo_b.call(&client_a, ping).await.unwrap(), payload);
+            assert_eq!(
+                a.unacked_bytes(),
+                0,
+                "round {round}: the reply acknowledged the call"
+            );
+        }
+        // Every reply but the last was acknowledged by the call after it.
+        let piggybacked = |p: &Proc| p.stats().acks_piggybacked.load(Ordering::Relaxed);
+        assert!(piggybacked(&b) >= 199, "b: {}", piggybacked(&b));
+        assert!(piggybacked(&a) >= 198, "a: {}", piggybacked(&a));
+        assert!(b.unacked_bytes() > 0, "the last reply waits for its ack");
     }
 
     /// LK-9: a proc that answers the proc that called it does so on the

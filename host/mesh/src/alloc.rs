@@ -57,6 +57,29 @@ pub struct Allocated {
 #[error("{0}")]
 pub struct AllocError(pub String);
 
+tokio::task_local! {
+    /// Told how many more procs of an allocation are up
+    /// ([`reporting_procs_up`]).
+    static PROCS_UP: Arc<dyn Fn(usize) + Send + Sync>;
+}
+
+/// Runs `allocation` (a future that starts procs, such as
+/// [`crate::client::MeshClient::spawn_procs`]) with `up` told how many
+/// more procs are up as each comes up, before the whole request is done:
+/// how a command line shows "N of M procs up".
+pub async fn reporting_procs_up<F: std::future::Future>(
+    up: Arc<dyn Fn(usize) + Send + Sync>,
+    allocation: F,
+) -> F::Output {
+    PROCS_UP.scope(up, allocation).await
+}
+
+/// Tells the hook of [`reporting_procs_up`], if the caller set one, that
+/// `count` more procs are up.
+pub(crate) fn procs_up(count: usize) {
+    let _ = PROCS_UP.try_with(|up| up(count));
+}
+
 /// Starts procs; see the module docs.
 pub trait Allocator: Send + Sync + 'static {
     /// Starts `count` procs named `names`, whose actors report to `events`;
@@ -140,6 +163,7 @@ impl Allocator for InProcessAllocator {
                     pid: None,
                 });
                 procs.lock().push(proc);
+                procs_up(1);
             }
             Ok(out)
         })
@@ -309,7 +333,10 @@ impl Allocator for LocalAllocator {
         };
         // Procs that spin while they wait only pay off when each can have
         // a core: past that, a spinning proc holds the core another needs.
-        let procs_here = self.children.lock().len() + names.len() + 1;
+        // Every allocator of this process counts (several agents may share
+        // one machine's process, as in `monarch-bench scale`).
+        let reserved: Vec<ProcHere> = names.iter().map(|_| ProcHere::new()).collect();
+        let procs_here = PROCS_HERE.load(Ordering::Relaxed) + 1;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let busy_poll_us = if procs_here > cores {
             0
@@ -318,7 +345,8 @@ impl Allocator for LocalAllocator {
         };
         let starts: Vec<_> = names
             .into_iter()
-            .map(|name| {
+            .zip(reserved)
+            .map(|(name, here)| {
                 let config = BootstrapConfig {
                     name,
                     listen: listen.clone(),
@@ -332,6 +360,7 @@ impl Allocator for LocalAllocator {
                 start_child(
                     self.command.clone(),
                     config,
+                    here,
                     stopped.clone(),
                     Cleanup {
                         children: self.children.clone(),
@@ -343,7 +372,14 @@ impl Allocator for LocalAllocator {
             .collect();
         let children = self.children.clone();
         Box::pin(async move {
-            let results = futures::future::join_all(starts).await;
+            let results = futures::future::join_all(starts.into_iter().map(|start| async {
+                let started = start.await;
+                if started.is_ok() {
+                    procs_up(1);
+                }
+                started
+            }))
+            .await;
             let mut out = Vec::with_capacity(results.len());
             let mut first_error = None;
             for result in results {
@@ -452,9 +488,29 @@ struct Cleanup {
     socket_dir: Option<PathBuf>,
 }
 
+/// Child procs of this process's allocators, started or starting.
+static PROCS_HERE: AtomicUsize = AtomicUsize::new(0);
+
+/// One child proc counted in [`PROCS_HERE`] while this lives.
+struct ProcHere;
+
+impl ProcHere {
+    fn new() -> Self {
+        PROCS_HERE.fetch_add(1, Ordering::Relaxed);
+        ProcHere
+    }
+}
+
+impl Drop for ProcHere {
+    fn drop(&mut self) {
+        PROCS_HERE.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 fn start_child(
     command: BootstrapCommand,
     config: BootstrapConfig,
+    here: ProcHere,
     stopped: mpsc::UnboundedSender<MeshEvent>,
     cleanup: Cleanup,
 ) -> BoxFuture<Result<Allocated, AllocError>> {
@@ -541,6 +597,7 @@ fn start_child(
         let watched = proc.clone();
         tokio::spawn(async move {
             let mut stdin = stdin; // AL-1: closing it tells the child to exit.
+            let _here = here;
             let status = tokio::select! {
                 status = child.wait() => status,
                 _ = kill_rx => {
@@ -667,4 +724,40 @@ pub async fn bootstrap_main(
         std::fs::remove_file(path).ok();
     }
     std::process::exit(0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::MeshClient;
+
+    /// The hook of `reporting_procs_up` hears of each proc as it comes
+    /// up, and only for the allocation it wraps.
+    #[tokio::test]
+    async fn each_proc_is_reported_up_within_the_wrapped_allocation_only() {
+        let registry = crate::testing::echo_registry(std::env::temp_dir().join("mesh-test-blobs"));
+        let allocator = Arc::new(InProcessAllocator::new(Arc::new(registry)));
+        let addr = format!("local:procs-up-test-{}", std::process::id())
+            .parse()
+            .unwrap();
+        let client = MeshClient::new(addr, allocator, Arc::new(|_: &str| {}))
+            .await
+            .unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let hook = {
+            let seen = seen.clone();
+            Arc::new(move |count: usize| seen.lock().push(count))
+        };
+        let procs = reporting_procs_up(hook, client.spawn_procs(3))
+            .await
+            .unwrap();
+        assert_eq!(procs.len(), 3);
+        assert_eq!(*seen.lock(), vec![1, 1, 1]);
+        client.spawn_procs(2).await.unwrap();
+        assert_eq!(
+            seen.lock().len(),
+            3,
+            "a request outside the scope is not reported"
+        );
+    }
 }

@@ -16,6 +16,7 @@ use hyperactor::{Mailbox, Port, PortRef, ProcId};
 
 use crate::comm::{CastMode, CastReply, Node, Subtree, split};
 use crate::reduce::{Partial, RankError};
+use crate::trace::{self, NodeTrace};
 
 /// How long the caster waits past a cast's timeout for the tree to answer
 /// before it fails the ranks still missing: each actor already has the
@@ -99,7 +100,13 @@ pub struct Caster {
     ready: VecDeque<Outcome>,
     /// Time that does not count against deadlines; see [`Caster::set_hold`].
     hold: Option<Hold>,
+    /// Where this caster's traces go, instead of the process's sink; see
+    /// [`Caster::set_trace_sink`].
+    trace_sink: Option<TraceSink>,
 }
+
+/// Where one caster's traces go ([`Caster::set_trace_sink`]).
+pub type TraceSink = Arc<dyn Fn(Vec<crate::trace::SpanRecord>) + Send + Sync>;
 
 /// How long the run has been held (a debugger's pauses), in total.
 pub type Hold = Arc<dyn Fn() -> Duration + Send + Sync>;
@@ -125,7 +132,19 @@ impl Caster {
             dead: HashMap::new(),
             ready: VecDeque::new(),
             hold: None,
+            trace_sink: None,
         }
+    }
+
+    /// Traces every cast of this caster with replies and hands its spans
+    /// to `sink` (a server's job, say, whose traces are its own), whether
+    /// or not the process traces its casts ([`crate::trace`]).
+    pub fn set_trace_sink(&mut self, sink: TraceSink) {
+        self.trace_sink = Some(sink);
+    }
+
+    fn traced(&self) -> bool {
+        self.trace_sink.is_some() || trace::enabled()
     }
 
     /// Moves the deadlines of casts on by the time `hold` counts (the time
@@ -217,6 +236,7 @@ impl Caster {
             local_left: 0,
             partial: Partial::new(mode.fold()),
             deadline: Instant::now() + timeout + ROOT_GRACE,
+            trace: self.traced().then(NodeTrace::root),
         };
         let chunks = split(0, node.tree.procs.len(), self.fanout as usize);
         let failed = node.forward(&self.mailbox, &self.me, chunks, &self.dead);
@@ -230,6 +250,8 @@ impl Caster {
                     error,
                 });
             }
+            // TR-3: nothing comes back up; the root span is all there is.
+            emit_root(&mut node, false, self.trace_sink.as_ref());
             self.broadcast_order.push_back((node.deadline, seq));
             self.broadcasts.insert(seq, node);
             return seq;
@@ -342,10 +364,11 @@ impl Caster {
                 start,
                 end,
                 partial,
+                spans,
                 ..
             } => {
                 if let Some(mut request) = self.requests.remove(&seq) {
-                    request.node.take_subtree(start, end, partial);
+                    request.node.take_subtree(start, end, partial, spans);
                     self.settle(seq, request);
                 }
             }
@@ -398,6 +421,9 @@ impl Caster {
             self.requests.insert(seq, request);
             return;
         }
+        let mut request = request;
+        let failed = request.node.partial.error.is_some();
+        emit_root(&mut request.node, failed, self.trace_sink.as_ref());
         match request.node.mode {
             CastMode::Stream => self.ready.push_back(Outcome::End { seq }),
             mode => self.ready.push_back(Outcome::Done {
@@ -442,6 +468,7 @@ impl Caster {
                             });
                         }
                     }
+                    emit_root(&mut request.node, true, self.trace_sink.as_ref());
                     self.ready.push_back(Outcome::End { seq });
                 }
                 mode => {
@@ -450,10 +477,38 @@ impl Caster {
                         request.node.partial.add(fold, rank, Err(error.clone()));
                     }
                     request.node.waiting.clear();
+                    emit_root(&mut request.node, true, self.trace_sink.as_ref());
                     let result = request.node.partial.finish(fold);
                     self.ready.push_back(Outcome::Done { seq, result });
                 }
             }
         }
+    }
+}
+
+/// Closes a cast's root span, if it is traced, and hands the trace to the
+/// sink (TR-2: the root is the one span without a parent).
+fn emit_root(node: &mut Node, failed: bool, sink: Option<&TraceSink>) {
+    if node.trace.is_none() {
+        return;
+    }
+    let procs = node.tree.procs.len();
+    let ranks: usize = node.tree.ranks.iter().map(Vec::len).sum();
+    let attrs = vec![
+        ("mesh".to_string(), node.mesh.clone()),
+        ("endpoint".to_string(), node.endpoint.clone()),
+        ("mode".to_string(), crate::comm::fold_name(node.mode)),
+        ("procs".to_string(), procs.to_string()),
+        ("ranks".to_string(), ranks.to_string()),
+        ("fanout".to_string(), node.fanout.to_string()),
+    ];
+    let name = format!("cast {}", node.endpoint);
+    let mut spans = node.close_trace(name, attrs);
+    if failed && let Some(root) = spans.last_mut() {
+        root.error = true;
+    }
+    match sink {
+        Some(sink) => sink(spans),
+        None => trace::emit(spans),
     }
 }

@@ -47,6 +47,7 @@ use rkyv::vec::{ArchivedVec, VecResolver};
 use rkyv::with::{ArchiveWith, DeserializeWith, SerializeWith};
 
 use crate::reduce::{Fold, Partial, RankError, Reducer};
+use crate::trace::{NodeTrace, SpanRecord, TraceParent};
 
 /// The name of the comm actor in every proc of a mesh.
 pub const COMM_ACTOR: &str = "monarch.comm";
@@ -137,6 +138,9 @@ pub struct Cast {
     pub handler_timeout_ms: u64,
     /// The tree's fan-out.
     pub fanout: u32,
+    /// The trace context of a traced cast ([`crate::trace`]); `None` when
+    /// the caster does not trace (TR-1).
+    pub trace: Option<TraceParent>,
 }
 
 /// Archives an `Arc<Vec<u8>>` exactly as a `Vec<u8>` (the same bytes on
@@ -187,6 +191,8 @@ pub enum CastReply {
         end: u32,
         /// Its folded replies.
         partial: Partial,
+        /// The finished spans of the subtree, when the cast is traced.
+        spans: Vec<SpanRecord>,
     },
     /// One rank's reply, sent straight to the caster: every reply of a
     /// stream, the errors of a broadcast.
@@ -267,6 +273,8 @@ pub(crate) struct Node {
     pub(crate) local_left: usize,
     pub(crate) partial: Partial,
     pub(crate) deadline: Instant,
+    /// This node's span and its subtree's, when the cast is traced.
+    pub(crate) trace: Option<NodeTrace>,
 }
 
 impl Node {
@@ -319,6 +327,7 @@ impl Node {
                     timeout_ms: self.timeout_ms,
                     handler_timeout_ms: self.handler_timeout_ms,
                     fanout: self.fanout,
+                    trace: self.trace.as_ref().map(NodeTrace::child_parent),
                 },
             );
         }
@@ -338,7 +347,13 @@ impl Node {
 
     /// Takes a child's report; false when it is not one this node waits
     /// for (a duplicate after a re-forward).
-    pub(crate) fn take_subtree(&mut self, start: u32, end: u32, partial: Partial) -> bool {
+    pub(crate) fn take_subtree(
+        &mut self,
+        start: u32,
+        end: u32,
+        partial: Partial,
+        spans: Vec<SpanRecord>,
+    ) -> bool {
         let (Some(lo), Some(hi)) = (
             start.checked_sub(self.tree.start),
             end.checked_sub(self.tree.start),
@@ -354,7 +369,24 @@ impl Node {
         };
         self.waiting.swap_remove(at);
         self.partial.merge(self.mode.fold(), partial);
+        if let Some(trace) = &mut self.trace {
+            trace.took_reply(spans);
+        }
         true
+    }
+
+    /// Closes this node's trace, if the cast is traced: the spans of its
+    /// subtree, its reduce span and its own (`name`).
+    pub(crate) fn close_trace(
+        &mut self,
+        name: String,
+        attrs: Vec<(String, String)>,
+    ) -> Vec<SpanRecord> {
+        let error = self.partial.error.is_some();
+        match self.trace.take() {
+            Some(trace) => trace.close(name, attrs, &fold_name(self.mode), error),
+            None => Vec::new(),
+        }
     }
 
     /// A proc died: if this node waits on it, fail its ranks and forward
@@ -433,8 +465,15 @@ impl CommState {
         let Some((node, parent)) = self.pending.remove(&key) else {
             return;
         };
+        let mut node = node;
         let start = node.tree.start;
         let end = start + node.tree.procs.len() as u32;
+        let spans = if node.trace.is_some() {
+            let attrs = hop_attrs(sender, &node.tree);
+            node.close_trace("hop".into(), attrs)
+        } else {
+            Vec::new()
+        };
         parent.send(
             sender,
             CastReply::Subtree {
@@ -443,6 +482,7 @@ impl CommState {
                 start,
                 end,
                 partial: node.partial.clone(),
+                spans,
             },
         );
         self.sent.insert(
@@ -528,6 +568,7 @@ impl Handler<Cast> for CommActor {
                     start: sent.start,
                     end: sent.end,
                     partial: sent.partial.clone(),
+                    spans: Vec::new(),
                 },
             );
             return Ok(());
@@ -565,6 +606,7 @@ impl Handler<Cast> for CommActor {
             local_left: local.len(),
             partial: Partial::new(cast.mode.fold()),
             deadline: now + timeout,
+            trace: cast.trace.map(NodeTrace::under),
         };
         let children = split(1, node.tree.procs.len(), node.fanout as usize);
         let dead = std::mem::take(&mut state.dead);
@@ -598,6 +640,7 @@ impl Handler<Cast> for CommActor {
             let (state, mailbox, key) = (self.state.clone(), (**cx).clone(), key.clone());
             let origin_port = origin_port.clone();
             let mode = node.mode;
+            let traced = node.trace.as_ref().map(|_| crate::trace::now_ns());
             tokio::spawn(async move {
                 let result = rank_result(reply.recv_timeout(timeout).await);
                 match mode {
@@ -624,6 +667,9 @@ impl Handler<Cast> for CommActor {
                     return;
                 };
                 node.local_left -= 1;
+                if let (Some(start_ns), Some(trace)) = (traced, &mut node.trace) {
+                    took_handler(trace, &node.endpoint, &node.mesh, rank, start_ns, &result);
+                }
                 node.partial.add(mode.fold(), rank, result);
                 if node.complete() {
                     state.finish(&mailbox, key);
@@ -647,6 +693,7 @@ impl Handler<CastReply> for CommActor {
             start,
             end,
             partial,
+            spans,
         } = reply
         else {
             return Ok(());
@@ -656,7 +703,7 @@ impl Handler<CastReply> for CommActor {
         let Some((node, _)) = state.pending.get_mut(&key) else {
             return Ok(());
         };
-        if node.take_subtree(start, end, partial) && node.complete() {
+        if node.take_subtree(start, end, partial, spans) && node.complete() {
             state.finish(cx, key);
         }
         Ok(())
@@ -718,16 +765,36 @@ fn deliver_leaf(cx: &Context<CommActor>, cast: Cast) {
     let ranks = cast.tree.ranks.into_iter().next().unwrap_or_default();
     let (start, seq) = (cast.tree.start, cast.seq);
     let origin: PortRef<CastReply> = PortRef::attest(cast.origin.clone());
-    let subtree = move |partial: Partial| CastReply::Subtree {
-        origin: cast.origin.clone(),
-        seq,
-        start,
-        end: start + 1,
-        partial,
+    let traced = cast.trace.is_some();
+    let trace = cast.trace.map(NodeTrace::under);
+    let hop = trace.as_ref().map(|_| {
+        let mut attrs = vec![("proc".to_string(), cx.proc().id().to_string())];
+        attrs.push(("ranks".into(), ranks.len().to_string()));
+        attrs
+    });
+    let subtree = move |leaf: Leaf| {
+        let error = leaf.partial.error.is_some();
+        let spans = match (leaf.trace, hop.clone()) {
+            (Some(trace), Some(attrs)) => trace.close("hop".into(), attrs, &fold_name(mode), error),
+            _ => Vec::new(),
+        };
+        CastReply::Subtree {
+            origin: cast.origin.clone(),
+            seq,
+            start,
+            end: start + 1,
+            partial: leaf.partial,
+            spans,
+        }
     };
     if ranks.is_empty() {
         if mode != CastMode::Broadcast {
-            cast.parent.send(cx, subtree(Partial::new(fold)));
+            let leaf = Leaf {
+                left: 0,
+                partial: Partial::new(fold),
+                trace,
+            };
+            cast.parent.send(cx, subtree(leaf));
         }
         return;
     }
@@ -735,7 +802,11 @@ fn deliver_leaf(cx: &Context<CommActor>, cast: Cast) {
     let proc = cx.proc().id().clone();
     // One count per rank, plus one for this loop, so that exactly one of
     // them (the last to finish) sends the result.
-    let shared = Arc::new(Mutex::new((ranks.len() + 1, Partial::new(fold))));
+    let shared = Arc::new(Mutex::new(Leaf {
+        left: ranks.len() + 1,
+        partial: Partial::new(fold),
+        trace,
+    }));
     let subtree = Arc::new(subtree);
     // The last rank takes the decoded buffer itself; only a proc with
     // several ranks copies it for the others.
@@ -746,8 +817,8 @@ fn deliver_leaf(cx: &Context<CommActor>, cast: Cast) {
             Ok(actor) => actor,
             Err(e) => {
                 let mut guard = shared.lock();
-                guard.0 -= 1;
-                guard.1.add(
+                guard.left -= 1;
+                guard.partial.add(
                     fold,
                     rank,
                     Err(RankError::Invalid(format!("bad mesh name: {e}"))),
@@ -762,6 +833,7 @@ fn deliver_leaf(cx: &Context<CommActor>, cast: Cast) {
             message.as_deref().cloned().unwrap_or_default()
         };
         let endpoint = cast.endpoint.clone();
+        let traced = traced.then(|| (crate::trace::now_ns(), endpoint.clone(), cast.mesh.clone()));
         let reply = cx.start_call(&dest, |reply| MeshCall {
             endpoint,
             message: body,
@@ -788,27 +860,106 @@ fn deliver_leaf(cx: &Context<CommActor>, cast: Cast) {
             }
             let done = {
                 let mut guard = shared.lock();
-                guard.0 -= 1;
-                guard.1.add(fold, rank, result);
-                (guard.0 == 0).then(|| std::mem::replace(&mut guard.1, Partial::new(fold)))
+                guard.left -= 1;
+                if let (Some((start_ns, endpoint, mesh)), Some(trace)) = (traced, &mut guard.trace)
+                {
+                    took_handler(trace, &endpoint, &mesh, rank, start_ns, &result);
+                }
+                guard.partial.add(fold, rank, result);
+                (guard.left == 0).then(|| guard.take(fold))
             };
-            if let Some(partial) = done
+            if let Some(leaf) = done
                 && mode != CastMode::Broadcast
             {
-                parent.send(&mailbox, subtree(partial));
+                parent.send(&mailbox, subtree(leaf));
             }
         });
     }
     let done = {
         let mut guard = shared.lock();
-        guard.0 -= 1;
-        (guard.0 == 0).then(|| std::mem::replace(&mut guard.1, Partial::new(fold)))
+        guard.left -= 1;
+        (guard.left == 0).then(|| guard.take(fold))
     };
-    if let Some(partial) = done
+    if let Some(leaf) = done
         && mode != CastMode::Broadcast
     {
-        cast.parent.send(cx, subtree(partial));
+        cast.parent.send(cx, subtree(leaf));
     }
+}
+
+/// What a leaf delivery has so far: the deliveries still out (and one for
+/// the loop that starts them), the folded replies, and the hop's trace.
+struct Leaf {
+    left: usize,
+    partial: Partial,
+    trace: Option<NodeTrace>,
+}
+
+impl Leaf {
+    fn take(&mut self, fold: Fold) -> Leaf {
+        Leaf {
+            left: 0,
+            partial: std::mem::replace(&mut self.partial, Partial::new(fold)),
+            trace: self.trace.take(),
+        }
+    }
+}
+
+/// The name of a cast's fold in its reduce spans.
+pub(crate) fn fold_name(mode: CastMode) -> String {
+    match mode {
+        CastMode::Gather => "gather".into(),
+        CastMode::Reduce(reducer) => format!("reduce {}", reducer.name()),
+        CastMode::Stream => "stream".into(),
+        CastMode::Broadcast => "broadcast".into(),
+    }
+}
+
+/// The attributes of a hop span: the proc and the size of its subtree.
+fn hop_attrs(sender: &Mailbox, tree: &Subtree) -> Vec<(String, String)> {
+    vec![
+        ("proc".into(), sender.proc().id().to_string()),
+        (
+            "ranks".into(),
+            tree.ranks.first().map_or(0, Vec::len).to_string(),
+        ),
+        ("subtree_procs".into(), tree.procs.len().to_string()),
+    ]
+}
+
+/// Takes a local actor's reply into a traced node: its handler span,
+/// from `start_ns` to now, under the node's hop.
+fn took_handler(
+    trace: &mut NodeTrace,
+    endpoint: &str,
+    mesh: &str,
+    rank: u32,
+    start_ns: u64,
+    result: &Result<Vec<u8>, RankError>,
+) {
+    let span = trace.child_span(
+        format!("handle {endpoint}"),
+        start_ns,
+        handler_attrs(mesh, rank, result),
+        result.is_err(),
+    );
+    trace.took_reply(vec![span]);
+}
+
+/// The attributes of a handler span.
+fn handler_attrs(
+    mesh: &str,
+    rank: u32,
+    result: &Result<Vec<u8>, RankError>,
+) -> Vec<(String, String)> {
+    let mut attrs = vec![
+        ("mesh".to_string(), mesh.to_string()),
+        ("rank".to_string(), rank.to_string()),
+    ];
+    if let Err(e) = result {
+        attrs.push(("error".into(), e.to_string()));
+    }
+    attrs
 }
 
 #[cfg(test)]

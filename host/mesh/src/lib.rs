@@ -27,6 +27,7 @@ pub mod reduce;
 pub mod remote;
 pub mod shape;
 pub mod testing;
+pub mod trace;
 
 pub use cast::{CastTarget, Caster, Outcome};
 pub use comm::{CastMode, MeshCall};

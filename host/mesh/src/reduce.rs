@@ -110,9 +110,10 @@ impl Reducer {
         }
     }
 
-    /// Adds `other` into `acc`, element by element; both hold a whole
-    /// number of elements and are equally long (checked by the caller).
-    fn combine_elements(self, acc: &mut [u8], other: &[u8]) {
+    /// Adds `other` into `acc`, element by element (integers wrapping);
+    /// both hold a whole number of elements and are equally long (checked
+    /// by the caller). Does nothing for a reducer that is not elementwise.
+    pub fn combine_elements(self, acc: &mut [u8], other: &[u8]) {
         fn add<const N: usize>(
             acc: &mut [u8],
             other: &[u8],

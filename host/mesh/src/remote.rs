@@ -237,6 +237,18 @@ impl Actor for HostAgent {
             .handle::<AgentStop>();
     }
 
+    async fn handle_undeliverable(
+        &mut self,
+        cx: &Context<Self>,
+        undeliverable: hyperactor::Undeliverable,
+    ) -> anyhow::Result<()> {
+        // What an agent sends goes to controllers: a report that comes back
+        // is one about procs of a run that has ended (its controller went
+        // first), which nobody is left to hear.
+        tracing::debug!(actor = %cx.actor_id(), %undeliverable, "report to a controller that is gone");
+        Ok(())
+    }
+
     async fn init(&mut self, _cx: &Context<Self>) -> anyhow::Result<()> {
         // RM-2: sessions whose controller went quiet end with their procs.
         let shared = Arc::downgrade(&self.shared);
@@ -896,6 +908,7 @@ impl Allocator for Arc<RemoteAllocator> {
                     this.hosts.lock()[host]
                         .procs
                         .extend(procs.iter().map(|(p, _)| p.clone()));
+                    crate::alloc::procs_up(procs.len());
                     Ok::<_, AllocError>(
                         named
                             .into_iter()

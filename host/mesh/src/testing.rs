@@ -156,6 +156,87 @@ mod tests {
         (client, target)
     }
 
+    /// TR-2 and TR-3: a traced reduction over 40 procs through a tree of
+    /// fan-out 4 yields one tree: the root, a hop per proc with its
+    /// handlers and reduction, every parent in the trace and every child
+    /// within its parent; a broadcast yields its root alone; an untraced
+    /// caster hands nothing to anyone (TR-1).
+    #[tokio::test]
+    async fn tr2_a_traced_cast_comes_back_as_one_tree_of_spans() {
+        use crate::trace::SpanRecord;
+        use std::collections::HashMap;
+        use std::sync::{Arc, Mutex};
+        let (client, target) = mesh(40, 3).await;
+        let got: Arc<Mutex<Vec<Vec<SpanRecord>>>> = Arc::default();
+        let mut caster = Caster::new(client.mailbox(), 4);
+        let store = got.clone();
+        caster.set_trace_sink(Arc::new(move |spans| store.lock().unwrap().push(spans)));
+        caster.cast(
+            target.clone(),
+            "rank",
+            vec![],
+            CastMode::Reduce(Reducer::SumI64),
+            Duration::from_secs(5),
+        );
+        assert!(matches!(
+            caster.next().await,
+            Some(Outcome::Done { result: Ok(_), .. })
+        ));
+        let traces = std::mem::take(&mut *got.lock().unwrap());
+        assert_eq!(traces.len(), 1);
+        let spans = &traces[0];
+        let by_id: HashMap<u64, &SpanRecord> = spans.iter().map(|s| (s.span, s)).collect();
+        assert_eq!(by_id.len(), spans.len(), "distinct span ids");
+        let roots: Vec<_> = spans.iter().filter(|s| s.parent == 0).collect();
+        assert_eq!(roots.len(), 1);
+        assert_eq!(roots[0].name, "cast rank");
+        let count = |name: &str| spans.iter().filter(|s| s.name == name).count();
+        assert_eq!(count("hop"), 40);
+        assert_eq!(count("handle rank"), 120);
+        assert_eq!(count("reduce"), 41, "one per proc and the root's");
+        let mut depth_of_deepest = 0;
+        for span in spans.iter().filter(|s| s.parent != 0) {
+            let parent = by_id[&span.parent];
+            assert_eq!(span.trace, parent.trace);
+            assert!(parent.start_ns <= span.start_ns && span.end_ns <= parent.end_ns);
+            let mut depth = 0;
+            let mut at = span;
+            while at.parent != 0 {
+                at = by_id[&at.parent];
+                depth += 1;
+            }
+            depth_of_deepest = depth_of_deepest.max(depth);
+        }
+        // 40 procs under fan-out 4 need hops at least 3 deep, plus the
+        // handler under the deepest hop.
+        assert!(depth_of_deepest >= 4, "{depth_of_deepest}");
+        caster.cast(
+            target.clone(),
+            "rank",
+            vec![],
+            CastMode::Broadcast,
+            Duration::from_secs(5),
+        );
+        let traces = std::mem::take(&mut *got.lock().unwrap());
+        assert_eq!(traces.len(), 1);
+        assert_eq!(traces[0].len(), 1, "a broadcast's root alone");
+        // Without a sink (and none in this process), nothing is traced.
+        let mut plain = Caster::new(client.mailbox(), 4);
+        plain.cast(
+            target,
+            "rank",
+            vec![],
+            CastMode::Gather,
+            Duration::from_secs(5),
+        );
+        assert!(matches!(
+            plain.next().await,
+            Some(Outcome::Done { result: Ok(_), .. })
+        ));
+        assert!(got.lock().unwrap().is_empty());
+        assert!(!crate::trace::enabled());
+    }
+
     #[tokio::test]
     async fn ca2_a_reduction_over_many_procs_comes_back_as_one_value() {
         let (client, target) = mesh(40, 3).await;

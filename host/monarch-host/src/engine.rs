@@ -549,10 +549,17 @@ pub fn load_bytes(engine: &Engine, path: &Path, bytes: &[u8]) -> Result<Loaded, 
             }
         }
     }
+    let name = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |name| name.to_string_lossy().into_owned(),
+    );
+    let compiling = crate::progress::spinner(format!("compiling {name}"));
     let component = Component::new(engine, bytes).map_err(|e| LoadError::Compile {
         path: path.to_path_buf(),
         reason: format!("{e:#}"),
     })?;
+    let summary = format!("compiled {name} in {} ms", compiling.elapsed().as_millis());
+    compiling.finish(&summary);
     if let Some(file) = &cache_file {
         store_in_cache(&component, file);
     }

@@ -195,11 +195,20 @@ pub trait MeshObserver: Send + Sync {
     fn persistent_actors(&self) -> Option<Arc<PersistentActorMeshes>> {
         None
     }
+    /// Where the traces of the controller's calls go, if they are traced
+    /// for this run alone (`serve --trace`: the job's trace file).
+    fn trace_sink(&self) -> Option<hyperactor_mesh::cast::TraceSink> {
+        None
+    }
     /// Whether the controller may look up, or respawn, the persistent
     /// actor mesh `mesh`: on a server with principals, one its own
     /// principal may see (HA-1).
     fn may_use_actor_mesh(&self, _mesh: &PersistentActorMesh) -> bool {
         true
+    }
+    /// The server's job whose controller this is, for its call statistics.
+    fn job(&self) -> Option<u64> {
+        None
     }
 }
 
@@ -362,7 +371,16 @@ impl Cluster {
                 self.sandbox.max_procs,
             ));
         }
-        match client.spawn_procs(count).await {
+        // "N of M procs up" on a terminal, as each proc comes up.
+        let up = crate::progress::bar(count as u64, "procs up");
+        let count_up = up.counter();
+        let spawned = hyperactor_mesh::alloc::reporting_procs_up(
+            Arc::new(move |n: usize| count_up(n as u64)),
+            client.spawn_procs(count),
+        )
+        .await;
+        up.clear();
+        match spawned {
             Ok(allocated) => {
                 let procs: Vec<ProcId> = allocated.into_iter().map(|a| a.proc).collect();
                 if let Some(observer) = &self.job.observer {
@@ -437,6 +455,8 @@ struct Pending {
     extent: Vec<Dim>,
     /// For `choose`: the counter to give back.
     chosen: Option<(Arc<Vec<AtomicUsize>>, usize)>,
+    /// When it was sent, and to how many ranks (`observe`).
+    started: crate::observe::Started,
 }
 
 /// The host state of one instance.
@@ -626,6 +646,9 @@ impl HostState {
         {
             caster.set_hold(Arc::new(move || clock.paused()));
         }
+        if let Some(sink) = cluster.job.observer.as_ref().and_then(|o| o.trace_sink()) {
+            caster.set_trace_sink(sink);
+        }
         HostState {
             wasi,
             table,
@@ -700,6 +723,7 @@ impl HostState {
     ) -> u64 {
         let id = self.request_id();
         let target = mesh.target(positions.as_deref());
+        let started = crate::observe::Started::now(target.ranks.iter().map(Vec::len).sum());
         let chosen = match (&positions, mode) {
             (Some(p), Mode::Single) if p.len() == 1 => {
                 mesh.in_flight[p[0]].fetch_add(1, Ordering::Relaxed);
@@ -731,6 +755,7 @@ impl HostState {
                     endpoint,
                     extent: mesh.extent.clone(),
                     chosen,
+                    started,
                 },
             );
         }
@@ -760,7 +785,10 @@ impl HostState {
                 (pending.id, EventKind::Item((rank, result)))
             }
             Outcome::End { seq } => match self.pending.remove(&seq) {
-                Some(pending) => (pending.id, EventKind::End),
+                Some(pending) => {
+                    pending.started.done(&self.cluster, &pending.mesh, true);
+                    (pending.id, EventKind::End)
+                }
                 None => return,
             },
             Outcome::Done { seq, result } => {
@@ -770,6 +798,9 @@ impl HostState {
                 if let Some((counts, index)) = &pending.chosen {
                     counts[*index].fetch_sub(1, Ordering::Relaxed);
                 }
+                pending
+                    .started
+                    .done(&self.cluster, &pending.mesh, result.is_ok());
                 let result = match result {
                     Err((rank, error)) => Err(errors::call_error(
                         &pending.mesh,
@@ -976,6 +1007,10 @@ impl wasmtime::ResourceLimiter for Limits {
     }
 }
 
+/// The trap of a guest still running at its run's deadline.
+pub(crate) const DEADLINE_PASSED: &str =
+    "the run's deadline passed while the guest was running (--timeout)";
+
 /// A store for one instance, with the sandbox's limits and deadline.
 pub(crate) fn new_store(cluster: &Arc<Cluster>, state: HostState) -> Store<HostState> {
     let mut store = Store::new(&cluster.engine, state);
@@ -987,7 +1022,7 @@ pub(crate) fn new_store(cluster: &Arc<Cluster>, state: HostState) -> Store<HostS
             wasmtime::bail!("the actor was stopped while its guest ran");
         }
         if Instant::now() >= deadline {
-            wasmtime::bail!("the run's deadline passed while the guest was running (--timeout)");
+            wasmtime::bail!("{DEADLINE_PASSED}");
         }
         // `monarch-host stacks` asked for this instance's stack: take it
         // here, where the guest's frames are, and let the guest go on. One
@@ -1076,9 +1111,14 @@ impl mesh::Host for HostState {
         // Poll before sleeping: a reply from a nearby actor comes within
         // microseconds, and waking a sleeping thread costs more (`Pace`).
         let awaiting = !self.caster.is_idle();
+        let spare_core = awaiting && self.cluster.spare_core();
+        if awaiting && let Some(client) = self.cluster.client.get() {
+            // The client proc's connections follow the same rule (PR-12).
+            client.proc().set_busy_poll(spare_core);
+        }
         let budget = if !awaiting {
             Duration::ZERO
-        } else if self.cluster.spare_core() {
+        } else if spare_core {
             self.pace.budget()
         } else {
             EVENT_SPIN

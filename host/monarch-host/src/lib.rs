@@ -30,9 +30,13 @@ pub mod engine;
 mod errors;
 pub mod host;
 pub mod mesh;
+pub mod observe;
 mod output;
+pub mod progress;
 pub mod rdma;
 pub mod tensor;
+pub mod test_runner;
+pub mod traces;
 pub mod wasm_actor;
 
 mod run;

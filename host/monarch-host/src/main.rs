@@ -102,6 +102,18 @@ enum Command {
     ///
     /// Example: monarch-host certs new --dir tls --hosts node1,node2
     Certs(certs::CertsArgs),
+    /// Prints the span tree of a traced call (`run --trace-file F`, or a
+    /// job of `serve --trace`): every hop of its multicast tree, the
+    /// handlers and the reductions, with durations.
+    ///
+    /// Example: monarch-host trace trace.jsonl
+    Trace(monarch_host::traces::TraceArgs),
+    /// Runs a program's tests (`#[monarch_guest::test]` functions), each
+    /// on a fresh cluster of its own, and reports them as `cargo test`
+    /// does; exits 0 when all pass, 1 when one fails.
+    ///
+    /// Example: monarch-host test app.wasm --junit report.xml
+    Test(monarch_host::test_runner::TestArgs),
     /// Serves one proc of a mesh; monarch-host starts it, not users.
     #[command(hide = true)]
     Bootstrap,
@@ -228,6 +240,16 @@ struct RunArgs {
     /// `my_crate::train`). Repeat for more.
     #[arg(long = "break", value_name = "FILE:LINE|FUNCTION", requires = "debug")]
     breaks: Vec<String>,
+    /// Sends a span tree of every cast with replies (the controller's
+    /// call, each comm actor hop, the leaf handlers and the reductions) to
+    /// an OpenTelemetry collector over OTLP/HTTP JSON: its base URL
+    /// (`http://HOST:4318`) or its traces URL.
+    #[arg(long, value_name = "URL")]
+    otlp: Option<String>,
+    /// Writes the same spans to FILE, one OTLP JSON request per cast
+    /// (`monarch-host trace FILE` prints them).
+    #[arg(long, value_name = "FILE")]
+    trace_file: Option<PathBuf>,
     /// Arguments passed to the program's `run`.
     #[arg(last = true)]
     args: Vec<String>,
@@ -326,6 +348,8 @@ fn main() -> ExitCode {
         debug_pause_limit,
         debug,
         breaks,
+        otlp,
+        trace_file,
         args,
     } = match cli.command {
         Command::Bootstrap => return bootstrap(),
@@ -347,9 +371,12 @@ fn main() -> ExitCode {
         Command::Debug(args) => return monarch_host::debug::client::command(args),
         Command::Stacks(args) => return monarch_host::debug::stacks::command(args),
         Command::Build(args) => return build(args),
+        Command::Trace(args) => return monarch_host::traces::command(args),
+        Command::Test(args) => return monarch_host::test_runner::command(args),
         Command::Run(run) => run,
     };
     init_tracing();
+    monarch_host::progress::enable(false);
     if let Some(dir) = &tls_dir
         && let Err(e) = certs::install(dir)
     {
@@ -477,7 +504,19 @@ fn main() -> ExitCode {
         engine: debug,
         breaks,
     };
-    let log = Arc::new(|line: &str| println!("{line}"));
+    let traces = if otlp.is_some() || trace_file.is_some() {
+        match monarch_host::traces::TraceOutput::start(otlp.as_deref(), trace_file.as_deref()) {
+            Ok(traces) => Some(traces),
+            Err(e) => {
+                eprintln!("monarch-host: error: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
+    };
+    // A line of the program drawn above any progress bar, never over it.
+    let log = Arc::new(|line: &str| monarch_host::progress::suspend(|| println!("{line}")));
     let outcome = runtime.block_on(async move {
         tokio::spawn(async move {
             monarch_host::debug::runs::run_local(&app, &libraries, &args, sandbox, log, debugging)
@@ -486,6 +525,16 @@ fn main() -> ExitCode {
         .await
     });
     runtime.shutdown_timeout(Duration::from_secs(1));
+    if let Some(traces) = traces {
+        let report = traces.finish(Duration::from_secs(15));
+        if let Some(e) = &report.error {
+            eprintln!(
+                "monarch-host: warning: {e} ({} of {} spans lost)",
+                report.dropped,
+                report.spans + report.dropped
+            );
+        }
+    }
     match outcome {
         Ok(Ok(())) => ExitCode::SUCCESS,
         // The program's own exit status, as a native program's would be.

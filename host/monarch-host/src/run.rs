@@ -13,7 +13,7 @@ use hyperactor_mesh::remote::{RemoteAllocator, local_ip_towards};
 
 use wasmtime::Engine;
 use wasmtime::component::types::ComponentItem;
-use wasmtime::component::{Component, InstancePre, TypedFunc};
+use wasmtime::component::{Component, ComponentExportIndex, InstancePre, TypedFunc};
 
 use crate::bindings::{Program, ProgramPre};
 use crate::engine::{self, LoadError, Placement, PoolShape, Sandbox};
@@ -146,6 +146,54 @@ pub struct Prepared {
     pub cached: bool,
     /// Whether it exports the `session` world's functions.
     session: bool,
+    /// Its `tests` export (`monarch:host/tests`), if it has one.
+    tests: Option<TestExports>,
+}
+
+/// The name of the interface a program's tests are exported as.
+pub const TESTS_INTERFACE: &str = "monarch:host/tests@0.2.0";
+
+/// Where a component's `tests` export's functions are.
+#[derive(Clone, Copy)]
+struct TestExports {
+    list: ComponentExportIndex,
+    run: ComponentExportIndex,
+}
+
+impl TestExports {
+    /// The `tests` export of `component`, if it has one with both functions.
+    fn of(component: &Component) -> Option<TestExports> {
+        let (item, tests) = component.get_export(None, TESTS_INTERFACE)?;
+        if !matches!(item, ComponentItem::ComponentInstance(_)) {
+            return None;
+        }
+        Some(TestExports {
+            list: component.get_export_index(Some(&tests), "list-tests")?,
+            run: component.get_export_index(Some(&tests), "run-test")?,
+        })
+    }
+}
+
+/// The type of `list-tests`: `func() -> list<string>`.
+type ListTestsFunc = TypedFunc<(), (Vec<String>,)>;
+
+/// The type of `run-test`: `func(name: string) -> result<_, string>`.
+type RunTestFunc = TypedFunc<(String,), (Result<(), String>,)>;
+
+/// A call of the `tests` export.
+enum TestCall {
+    /// `list-tests`, whose names go to the sender.
+    List(tokio::sync::oneshot::Sender<Vec<String>>),
+    /// `run-test` of this name.
+    Run(String),
+}
+
+/// What a failed call into the controller is: its `exit`, or a trap.
+fn controller_error(e: &wasmtime::Error) -> RunError {
+    match e.downcast_ref::<wasmtime_wasi::I32Exit>() {
+        Some(exit) => RunError::Exit(exit.0),
+        None => RunError::Trap(crate::wasm_actor::trap_text(e)),
+    }
 }
 
 /// How a prepared component is entered.
@@ -164,6 +212,11 @@ pub enum Drive {
     Main(Vec<String>),
     /// Calls `init`, then `on-input` per line (the `session` world).
     Session(crate::session::SessionDriver),
+    /// Calls the `tests` export's `run-test` with this test's name; its
+    /// `Err` is [`RunError::Failed`].
+    Test(String),
+    /// Calls the `tests` export's `list-tests` and sends the names.
+    ListTests(tokio::sync::oneshot::Sender<Vec<String>>),
 }
 
 /// Whether `component` exports a function `run` (the `controller` world).
@@ -242,10 +295,12 @@ impl Prepared {
             Err(_) if session => Entry::Session(pre),
             Err(e) => return Err(wrong_world(e)),
         };
+        let tests = TestExports::of(&loaded.component);
         Ok(Prepared {
             engine: engine.clone(),
             entry,
             session,
+            tests,
             program: ProgramBytes::in_memory(loaded.sha256, loaded.footprint.needs, bytes),
             cached: loaded.cached,
             libraries: Default::default(),
@@ -272,6 +327,59 @@ impl Prepared {
     /// drives it.
     pub fn is_session(&self) -> bool {
         self.session
+    }
+
+    /// Whether it exports `monarch:host/tests` (a program built with the
+    /// Rust SDK), which [`Prepared::list_tests`] and [`Prepared::run_test`]
+    /// call.
+    pub fn has_tests(&self) -> bool {
+        self.tests.is_some()
+    }
+
+    /// The names of its tests: `list-tests` of an instance of it, as a
+    /// controller on procs placed as `sandbox` says (none are started
+    /// unless it spawns some).
+    pub async fn list_tests(
+        &self,
+        sandbox: Sandbox,
+        log: LogSink,
+    ) -> Result<Vec<String>, RunError> {
+        let (answer, names) = tokio::sync::oneshot::channel();
+        self.drive(
+            Drive::ListTests(answer),
+            sandbox,
+            log,
+            Mesh::Fresh,
+            None,
+            std::future::pending(),
+        )
+        .await?;
+        names
+            .await
+            .map_err(|_| RunError::Host("`list-tests` returned no names".into()))
+    }
+
+    /// Runs the test `name` as the controller, on a fresh mesh stopped
+    /// when it ends, until `run-test` returns, the deadline passes or
+    /// `cancel` completes. Its `Err` is [`RunError::Failed`]; a panic is a
+    /// [`RunError::Trap`]. What the controller and its actors print goes
+    /// to `log`, the controller's lines unprefixed.
+    pub async fn run_test(
+        &self,
+        name: &str,
+        sandbox: Sandbox,
+        log: LogSink,
+        cancel: impl std::future::Future<Output = String>,
+    ) -> Result<(), RunError> {
+        self.drive(
+            Drive::Test(name.to_string()),
+            sandbox,
+            log,
+            Mesh::Fresh,
+            None,
+            cancel,
+        )
+        .await
     }
 
     /// Runs the component as a session on `mesh`, driven by `driver`,
@@ -321,6 +429,57 @@ impl Prepared {
             cancel,
         )
         .await
+    }
+
+    /// Instantiates the controller in `store` and makes `call` of its
+    /// `tests` export.
+    async fn call_tests(
+        &self,
+        store: &mut wasmtime::Store<HostState>,
+        debugger: Option<&crate::debug::engine::Debugger>,
+        call: TestCall,
+    ) -> Result<(), RunError> {
+        let tests = self.tests.ok_or_else(|| RunError::WrongWorld {
+            path: "the component".into(),
+            reason: format!("it does not export {TESTS_INTERFACE}"),
+        })?;
+        let wrong_type = |e: wasmtime::Error| RunError::WrongWorld {
+            path: "the component".into(),
+            reason: format!("its {TESTS_INTERFACE} functions do not have the WIT's types: {e:#}"),
+        };
+        let instance = match &self.entry {
+            Entry::Program(pre) => pre.instance_pre().instantiate_async(&mut *store).await,
+            Entry::Controller(pre) | Entry::Session(pre) => {
+                pre.instantiate_async(&mut *store).await
+            }
+        }
+        .map_err(|e| controller_error(&e))?;
+        if let Some(debugger) = debugger {
+            debugger.begin_export(store);
+        }
+        match call {
+            TestCall::List(answer) => {
+                let list: ListTestsFunc = instance
+                    .get_typed_func(&mut *store, tests.list)
+                    .map_err(wrong_type)?;
+                let (names,) = list
+                    .call_async(&mut *store, ())
+                    .await
+                    .map_err(|e| controller_error(&e))?;
+                let _ = answer.send(names);
+                Ok(())
+            }
+            TestCall::Run(name) => {
+                let run: RunTestFunc = instance
+                    .get_typed_func(&mut *store, tests.run)
+                    .map_err(wrong_type)?;
+                let (result,) = run
+                    .call_async(&mut *store, (name,))
+                    .await
+                    .map_err(|e| controller_error(&e))?;
+                result.map_err(RunError::Failed)
+            }
+        }
     }
 
     async fn drive(
@@ -395,9 +554,13 @@ impl Prepared {
         let mailbox = client.mailbox().clone();
         // A server's job prints into its log; a run from the command line
         // prints to the terminal as any program does.
-        let session = matches!(drive, Drive::Session(_));
-        let output = match (session, cluster.job.observer.is_some()) {
-            // What a session prints is its user's output, shown as printed.
+        let unprefixed = matches!(
+            drive,
+            Drive::Session(_) | Drive::Test(_) | Drive::ListTests(_)
+        );
+        let output = match (unprefixed, cluster.job.observer.is_some()) {
+            // What a session prints is its user's output, shown as printed;
+            // what a test prints is kept for its report.
             (true, _) => Some(String::new()),
             (false, true) => Some("[controller] ".to_string()),
             (false, false) => None,
@@ -413,10 +576,7 @@ impl Prepared {
         let mut store = new_store(&cluster, state);
         let debugger = crate::debug::engine::attach(&mut store, &cluster).await;
         let run = tokio::time::timeout(deadline, async {
-            let trapped = |e: wasmtime::Error| match e.downcast_ref::<wasmtime_wasi::I32Exit>() {
-                Some(exit) => RunError::Exit(exit.0),
-                None => RunError::Trap(crate::wasm_actor::trap_text(&e)),
-            };
+            let trapped = |e: wasmtime::Error| controller_error(&e);
             let args = match drive {
                 Drive::Main(args) => args,
                 Drive::Session(driver) => {
@@ -441,6 +601,16 @@ impl Prepared {
                         Err(crate::session::LoopError::Init(e)) => Err(RunError::Failed(e)),
                         Err(crate::session::LoopError::Trap(trap)) => Err(trapped(trap)),
                     };
+                }
+                Drive::Test(name) => {
+                    return self
+                        .call_tests(&mut store, debugger.as_ref(), TestCall::Run(name))
+                        .await;
+                }
+                Drive::ListTests(answer) => {
+                    return self
+                        .call_tests(&mut store, debugger.as_ref(), TestCall::List(answer))
+                        .await;
                 }
             };
             let result = match &self.entry {

@@ -3,8 +3,10 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use monarch_host::progress;
 use monarch_host::serve::api::{JobRequest, JobStatus, MeshChoice, MeshSpec, PartialLimits};
 use monarch_host::serve::client::ApiClient;
 use monarch_host::serve::{Limits, ServeConfig, Server};
@@ -95,6 +97,12 @@ pub struct ServeArgs {
     /// granted path cannot lead out of it; a missing one stops the server.
     #[arg(long = "allow-dir", value_name = "DIR")]
     allow_dirs: Vec<PathBuf>,
+    /// Traces every call with replies of every job's controller (the
+    /// call, each hop of its multicast tree, the handlers, the
+    /// reductions) into DATA/traces/ID.jsonl: `GET /v1/jobs/{id}/trace`,
+    /// `monarch-host trace ID`.
+    #[arg(long)]
+    trace: bool,
     /// How long a console session may sit without input before it is
     /// closed (and what it spawned stopped), unless it asks for its own
     /// (`console --idle-ttl`): seconds, or 90s, 30m, 8h, 2d.
@@ -284,6 +292,7 @@ pub fn serve(args: ServeArgs) -> ExitCode {
     config.body_timeout = args.body_timeout;
     config.meshes = args.meshes;
     config.allowed_dirs = args.allow_dirs;
+    config.trace = args.trace;
     config.session_idle_ttl = args.session_idle_ttl;
     config.max_running_jobs = args.max_jobs as usize;
     config.max_upload_bytes = args.max_upload_mib << 20;
@@ -390,6 +399,7 @@ pub fn submit(args: SubmitArgs) -> ExitCode {
         Ok(app) => app,
         Err(e) => return failed("submit", e),
     };
+    progress::enable(false);
     with_client("submit", &server, |client| async move {
         let bytes =
             std::fs::read(&app).map_err(|e| format!("cannot read {}: {e}", app.display()))?;
@@ -398,7 +408,15 @@ pub fn submit(args: SubmitArgs) -> ExitCode {
             app.display(),
             bytes.len().div_ceil(1024)
         );
-        let uploaded = client.upload(bytes).await?;
+        let name = app.file_name().map_or_else(
+            || app.display().to_string(),
+            |name| name.to_string_lossy().into_owned(),
+        );
+        let uploading = progress::bytes(bytes.len() as u64, format!("uploading {name}"));
+        let uploaded = client
+            .upload_with_progress(bytes, uploading.counter())
+            .await?;
+        uploading.clear();
         if uploaded.existing {
             eprintln!(
                 "monarch-host submit: the server has it already ({})",
@@ -437,13 +455,79 @@ pub fn submit(args: SubmitArgs) -> ExitCode {
             return Ok(ExitCode::SUCCESS);
         }
         eprintln!("monarch-host submit: job {id}");
-        finish_following(&client, id).await
+        let said = Arc::new(Mutex::new(None));
+        let watcher = tokio::spawn(say_states(client.clone(), id, said.clone()));
+        let followed = finish_following(&client, id, async |end| {
+            watcher.abort();
+            // A poll may have missed the whole run of a short job: its
+            // start time tells that it ran.
+            let started = client
+                .job(id)
+                .await
+                .is_ok_and(|job| job.started_at_ms.is_some());
+            tell(&said, id, end, started);
+        })
+        .await;
+        watcher.abort();
+        followed
     })
 }
 
-/// Prints job `id`'s log until it ends; exit 0 only if it succeeded.
-async fn finish_following(client: &ApiClient, id: u64) -> Result<ExitCode, String> {
+/// How often `submit --follow` asks for its job's state.
+const STATE_POLL: Duration = Duration::from_millis(200);
+
+/// Says job `id`'s state on stderr whenever it changes, until it is over;
+/// `said` holds the last one said.
+async fn say_states(client: ApiClient, id: u64, said: Arc<Mutex<Option<JobStatus>>>) {
+    loop {
+        // A failed poll is skipped: the log stream says how the job ended.
+        if let Ok(job) = client.job(id).await {
+            tell(&said, id, job.status, job.started_at_ms.is_some());
+            if job.status.is_final() {
+                return;
+            }
+        }
+        tokio::time::sleep(STATE_POLL).await;
+    }
+}
+
+/// Says on stderr the states job `id` went through since the last one
+/// `said`, now that it is `status` (and `started`, if its controller
+/// started).
+fn tell(said: &Mutex<Option<JobStatus>>, id: u64, status: JobStatus, started: bool) {
+    let mut said = said.lock().unwrap_or_else(|e| e.into_inner());
+    for state in states_since(*said, status, started) {
+        progress::say(&format!(
+            "monarch-host submit: job {id}: {}",
+            state.as_str()
+        ));
+        *said = Some(state);
+    }
+}
+
+/// The states to say after `said` for a job that is now `status`:
+/// none if it is the same; else `status`, after `running` if the job
+/// started and ended between two looks.
+fn states_since(said: Option<JobStatus>, status: JobStatus, started: bool) -> Vec<JobStatus> {
+    if said == Some(status) {
+        return Vec::new();
+    }
+    let missed_run = status.is_final() && started && said != Some(JobStatus::Running);
+    match missed_run {
+        true => vec![JobStatus::Running, status],
+        false => vec![status],
+    }
+}
+
+/// Prints job `id`'s log until it ends, then hands how it ended to
+/// `ended`; exit 0 only if it succeeded.
+async fn finish_following(
+    client: &ApiClient,
+    id: u64,
+    ended: impl AsyncFnOnce(JobStatus),
+) -> Result<ExitCode, String> {
     let end = client.follow_logs(id, |line| println!("{line}")).await?;
+    ended(end.status).await;
     match end.status {
         JobStatus::Succeeded => Ok(ExitCode::SUCCESS),
         status => {
@@ -487,7 +571,7 @@ pub fn jobs(args: JobsArgs) -> ExitCode {
 pub fn logs(args: JobArgs) -> ExitCode {
     let id = args.id;
     with_client("logs", &args.server, |client| async move {
-        finish_following(&client, id).await
+        finish_following(&client, id, async |_| {}).await
     })
 }
 
@@ -504,4 +588,28 @@ pub fn cancel(args: JobArgs) -> ExitCode {
 /// The first 12 characters of a component id, as listings show it.
 fn short(id: &str) -> String {
     id.chars().take(12).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `submit --follow` says each state once, in order, and says
+    /// `running` for a job that ran between two looks, but not for one
+    /// that never started.
+    #[test]
+    fn each_state_is_said_once_and_a_missed_run_is_said() {
+        use JobStatus::*;
+        assert_eq!(states_since(None, Queued, false), [Queued]);
+        assert!(states_since(Some(Queued), Queued, false).is_empty());
+        assert_eq!(states_since(Some(Queued), Running, true), [Running]);
+        assert_eq!(states_since(Some(Running), Succeeded, true), [Succeeded]);
+        assert_eq!(
+            states_since(Some(Queued), Succeeded, true),
+            [Running, Succeeded]
+        );
+        assert_eq!(states_since(None, Failed, true), [Running, Failed]);
+        assert_eq!(states_since(Some(Queued), Cancelled, false), [Cancelled]);
+        assert!(states_since(Some(Failed), Failed, true).is_empty());
+    }
 }

@@ -165,6 +165,7 @@ pub fn command(args: SlurmArgs) -> ExitCode {
         eprintln!("monarch-host slurm: error: {e}");
         return ExitCode::FAILURE;
     }
+    monarch_host::progress::enable(false);
     let result = match args.command {
         SlurmCommand::Up(args) => up(args),
         SlurmCommand::Status(args) => status(&args.name),
@@ -181,7 +182,21 @@ pub fn command(args: SlurmArgs) -> ExitCode {
 }
 
 fn progress(line: &str) {
-    eprintln!("monarch-host slurm: {line}");
+    monarch_host::progress::say(&format!("monarch-host slurm: {line}"));
+}
+
+/// Runs `wait`, showing what it says as a spinner (the job's id and
+/// state, and the time waited) on a terminal, else as lines.
+fn waiting<T>(first: String, wait: impl FnOnce(&dyn Fn(&str)) -> T) -> T {
+    let spinner = monarch_host::progress::spinner(first);
+    let say = |line: &str| match spinner.is_shown() {
+        // The spinner shows the time waited itself.
+        true => spinner.set_message(line.split("; waited ").next().unwrap_or(line).to_string()),
+        false => progress(line),
+    };
+    let result = wait(&say);
+    spinner.clear();
+    result
 }
 
 impl SpecArgs {
@@ -335,7 +350,9 @@ fn up(args: UpArgs) -> Result<(), String> {
         let _ = ClusterFile::remove(name);
         format!("{e}; job {job_id} was cancelled")
     };
-    let info = match slurm::wait_running(&job_id, wait, &progress) {
+    let info = match waiting(format!("job {job_id}: waiting for the allocation"), |say| {
+        slurm::wait_running(&job_id, wait, say)
+    }) {
         Ok(info) => info,
         // Still pending: left queued, as the message says.
         Err(e @ ClusterError::Timeout(_)) => return Err(e.to_string()),
@@ -346,14 +363,16 @@ fn up(args: UpArgs) -> Result<(), String> {
         info.nodes.join(","),
         started.elapsed().as_secs()
     ));
-    let agents = slurm::wait_agents(
-        &files,
-        &job_id,
-        spec.nodes as usize,
-        wait.saturating_sub(started.elapsed())
-            .max(Duration::from_secs(30)),
-        &progress,
-    )
+    let agents = waiting(format!("job {job_id}: waiting for its agents"), |say| {
+        slurm::wait_agents(
+            &files,
+            &job_id,
+            spec.nodes as usize,
+            wait.saturating_sub(started.elapsed())
+                .max(Duration::from_secs(30)),
+            say,
+        )
+    })
     .map_err(|e| fail(e.to_string()))?;
     let addrs: Vec<String> = agents.iter().map(|a| a.addr.clone()).collect();
     let answers = probe(&addrs, &token).map_err(fail)?;
@@ -541,7 +560,10 @@ fn run_batch(args: RunArgs) -> Result<ExitCode, String> {
     let job_id = slurm::submit(&spec, &files.script(), &files).map_err(|e| e.to_string())?;
     progress(&format!("submitted job {job_id} ({} nodes)", spec.nodes));
     let wait = Duration::from_secs(args.spec.wait);
-    if let Err(e) = slurm::wait_started(&job_id, wait, &progress) {
+    let started = waiting(format!("job {job_id}: waiting for the allocation"), |say| {
+        slurm::wait_started(&job_id, wait, say)
+    });
+    if let Err(e) = started {
         if !matches!(e, ClusterError::Timeout(_)) {
             return Err(e.to_string());
         }

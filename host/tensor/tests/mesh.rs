@@ -367,6 +367,121 @@ async fn all_reduce_folds_through_a_deep_tree() {
     }
 }
 
+/// Options that send every CPU all-reduce round a ring of the workers, in
+/// many small chunks.
+fn ring_chunks() -> TensorMeshOptions {
+    TensorMeshOptions {
+        chunk_bytes: 40,
+        window: 2,
+        ring_min_bytes: 0,
+        ..TensorMeshOptions::default()
+    }
+}
+
+/// RG-1: the ring all-reduce gives every rank of a group the same bytes,
+/// the group's sum, over each dimension of a 2x2 mesh, for every dtype,
+/// also with fewer elements than ranks.
+#[tokio::test]
+async fn rg1_a_ring_all_reduce_sums_over_each_dimension_of_a_2x2_mesh() {
+    let (_client, mut mesh) = mesh_with(4, &[("a", 2), ("b", 2)], ring_chunks()).await;
+    for dtype in DType::ALL {
+        let whole = Tensor::rand_uniform(&[4, 37], -100.0, 100.0, 5, dtype, Device::Cpu).unwrap();
+        for mesh_dim in 0..2 {
+            let what = format!("{dtype} over mesh dim {mesh_dim}");
+            let mut t = summands(&mut mesh, &whole, mesh_dim);
+            mesh.all_reduce(&mut t, mesh_dim).await.unwrap();
+            assert_eq!(t.sharding(), Sharding::Replicate, "{what}");
+            let expected = whole.sum_dim(0).unwrap();
+            let tolerance = if dtype == DType::F32 { 1e-4 } else { 1e-9 };
+            let first = mesh.fetch_shard(&t, 0).await.unwrap();
+            assert_close(&first, &expected, tolerance, &what);
+            if dtype == DType::I64 {
+                assert_eq!(
+                    first.to_vec::<i64>().unwrap(),
+                    expected.to_vec::<i64>().unwrap()
+                );
+            }
+            for rank in 1..4 {
+                let shard = mesh.fetch_shard(&t, rank).await.unwrap();
+                assert_eq!(
+                    shard.to_le_bytes().unwrap(),
+                    first.to_le_bytes().unwrap(),
+                    "{what}: rank {rank} holds other bytes than rank 0"
+                );
+            }
+        }
+    }
+    // One element over two ranks: one segment is empty.
+    let whole = Tensor::rand_uniform(&[2, 1], -1.0, 1.0, 3, DType::F64, Device::Cpu).unwrap();
+    let mut t = summands(&mut mesh, &whole, 1);
+    mesh.all_reduce(&mut t, 1).await.unwrap();
+    let got = mesh.fetch(&t).await.unwrap();
+    assert_close(&got, &whole.sum_dim(0).unwrap(), 1e-12, "one element");
+}
+
+/// The ring folds an 8-rank group through a deep tree of casts (fan-out
+/// 2): the commands travel down the tree, the chunks from worker to worker.
+#[tokio::test]
+async fn a_ring_all_reduce_of_8_ranks_under_a_deep_tree() {
+    let options = TensorMeshOptions {
+        fanout: 2,
+        chunk_bytes: 256,
+        ring_min_bytes: 0,
+        ..TensorMeshOptions::default()
+    };
+    let (_client, mut mesh) = mesh_with(8, &[("ranks", 8)], options).await;
+    let whole = Tensor::rand_uniform(&[8, 300], -1.0, 1.0, 8, DType::F64, Device::Cpu).unwrap();
+    let mut t = summands(&mut mesh, &whole, 0);
+    mesh.all_reduce(&mut t, 0).await.unwrap();
+    let expected = whole.sum_dim(0).unwrap();
+    for rank in [0, 3, 7] {
+        let shard = mesh.fetch_shard(&t, rank).await.unwrap();
+        assert_close(&shard, &expected, 1e-12, &format!("rank {rank}"));
+    }
+}
+
+/// Two ranks a proc: chunks between ranks of one proc are handed over in
+/// the proc, the others cross procs; the sums are the same.
+#[tokio::test]
+async fn a_ring_all_reduce_with_two_ranks_a_proc() {
+    let (_client, mut mesh) = mesh_with(2, &[("ranks", 4)], ring_chunks()).await;
+    let whole = Tensor::rand_uniform(&[4, 50], -10.0, 10.0, 9, DType::I64, Device::Cpu).unwrap();
+    let mut t = summands(&mut mesh, &whole, 0);
+    mesh.all_reduce(&mut t, 0).await.unwrap();
+    let expected = whole.sum_dim(0).unwrap().to_vec::<i64>().unwrap();
+    for rank in 0..4 {
+        let shard = mesh.fetch_shard(&t, rank).await.unwrap();
+        assert_eq!(shard.to_vec::<i64>().unwrap(), expected, "rank {rank}");
+    }
+}
+
+/// RG-2, RG-4: a ring whose shards are poisoned on the workers fails on
+/// every rank with the poison's reason and poisons the tensor; a ring run
+/// after it is not confused by the aborted run's leftovers.
+#[tokio::test]
+async fn rg2_a_poisoned_shard_fails_the_ring_and_the_next_ring_still_sums() {
+    let (_client, mut mesh) = mesh_with(4, &[("ranks", 4)], ring_chunks()).await;
+    let cpu = Device::Cpu;
+    let partial = Sharding::Partial { mesh_dim: 0 };
+    let ones = mesh.create(Init::Ones, &[40], DType::I64, cpu, partial);
+    let mut quotient = mesh.scalar(BinaryOp::Div, &ones, 0.0);
+    let error = mesh.all_reduce(&mut quotient, 0).await.unwrap_err();
+    let MeshError::Poisoned { reason, .. } = &error else {
+        panic!("not poison: {error}")
+    };
+    assert!(reason.contains("division by zero"), "{reason}");
+    assert!(
+        mesh.fetch(&quotient).await.is_err(),
+        "the tensor is poisoned"
+    );
+    let mut good = mesh.create(Init::Full(3.0), &[40], DType::I64, cpu, partial);
+    mesh.all_reduce(&mut good, 0).await.unwrap();
+    for rank in 0..4 {
+        let shard = mesh.fetch_shard(&good, rank).await.unwrap();
+        assert_eq!(shard.to_vec::<i64>().unwrap(), vec![3; 40], "rank {rank}");
+    }
+}
+
 #[tokio::test]
 async fn poison_names_the_op_and_spreads_to_dependent_ops() {
     let (_client, mut mesh) = mesh(2, &[("ranks", 2)]).await;

@@ -9,7 +9,11 @@
 //! 1. `a_dead_proc_fails_fetches_from_its_ranks`: SIGKILL one of two child
 //!    procs; fetches from its rank fail naming the signal, the other rank
 //!    still answers.
-//! 2. The all-reduce measurement: 4 procs, each holding `--mib` MiB of f32
+//! 2. `rg2_a_proc_killed_during_a_ring_all_reduce_fails_it_promptly`:
+//!    SIGKILL one of 3 child procs while a ring all-reduce runs; the
+//!    controller aborts the ring, so the all-reduce fails within seconds
+//!    (not the 300 s timeout) naming the signal, and poisons the tensor.
+//! 3. The all-reduce measurement: 4 procs, each holding `--mib` MiB of f32
 //!    (default 1, a smoke test; 64 for the figure in docs/tensor.md), summed
 //!    over the mesh, with in-process procs and with child-process procs,
 //!    beside the floor: the same bytes moved raw over Unix sockets between
@@ -100,6 +104,8 @@ fn main() {
         if only.is_none() {
             a_dead_proc_fails_fetches_from_its_ranks().await;
             println!("test a_dead_proc_fails_fetches_from_its_ranks ... ok");
+            rg2_a_proc_killed_during_a_ring_all_reduce_fails_it_promptly().await;
+            println!("test rg2_a_proc_killed_during_a_ring_all_reduce_fails_it_promptly ... ok");
         }
         measure_all_reduce(mib, reps, options, breakdown, only.as_deref()).await;
     });
@@ -171,6 +177,55 @@ async fn a_dead_proc_fails_fetches_from_its_ranks() {
     let doubled = mesh.scalar(BinaryOp::Mul, &t, 2.0);
     let shard = mesh.fetch_shard(&doubled, 0).await.expect("rank 0 answers");
     assert_eq!(shard.to_vec::<f32>().unwrap(), vec![4.0; 6]);
+    client.stop_all();
+}
+
+async fn rg2_a_proc_killed_during_a_ring_all_reduce_fails_it_promptly() {
+    let client = client(child_allocator(), "ring-death").await;
+    let allocated = client.spawn_procs(3).await.expect("three child procs");
+    let procs: Vec<_> = allocated.iter().map(|a| a.proc.clone()).collect();
+    // Small chunks, a window of one: the ring takes many round trips, so
+    // the kill lands while it runs.
+    let options = TensorMeshOptions {
+        chunk_bytes: 4 << 10,
+        window: 1,
+        ring_min_bytes: 0,
+        ..TensorMeshOptions::default()
+    };
+    let mut mesh =
+        TensorMesh::spawn_with(client.clone(), &procs, vec![("ranks".into(), 3)], options)
+            .await
+            .expect("tensor workers");
+    let partial = Sharding::Partial { mesh_dim: 0 };
+    let mut t = mesh.create(Init::Ones, &[16 << 20], DType::F32, Device::Cpu, partial);
+    mesh.sync(&[&t]).await.expect("the tensor");
+    let killer = {
+        let (client, victim) = (client.clone(), procs[1].clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            client.kill(&victim, SIGKILL).expect("kill");
+        })
+    };
+    let started = Instant::now();
+    let result = tokio::time::timeout(Duration::from_secs(60), mesh.all_reduce(&mut t, 0))
+        .await
+        .expect("the all-reduce ends within a minute of a death");
+    killer.await.expect("the killer");
+    let error = result.expect_err("a ring with a rank killed in its middle cannot sum");
+    assert!(
+        started.elapsed() > Duration::from_millis(200),
+        "the ring ended before the kill ({:?}): make it longer",
+        started.elapsed()
+    );
+    assert!(
+        error.to_string().contains("signal 9"),
+        "names the death: {error}"
+    );
+    let poisoned = mesh
+        .fetch_shard(&t, 0)
+        .await
+        .expect_err("the tensor is poisoned");
+    assert!(matches!(poisoned, MeshError::Poisoned { .. }), "{poisoned}");
     client.stop_all();
 }
 

@@ -10,6 +10,7 @@
 //! `monarch-bench anylang` (see [`anylang`]).
 
 mod anylang;
+mod scale;
 
 use std::time::{Duration, Instant};
 
@@ -140,6 +141,9 @@ struct Sizes {
 async fn main(args: Vec<String>) -> Result<(), String> {
     if args.first().is_some_and(|a| a == "anylang") {
         return anylang::main(&args[1..]).await;
+    }
+    if args.first().is_some_and(|a| a == "scale") {
+        return scale::main(&args[1..]).await;
     }
     let quick = args.iter().any(|a| a == "quick");
     if args.iter().any(|a| a == "mesh") {

@@ -44,6 +44,12 @@
 //!   noticed once. Every frame written on a connection, acknowledgements
 //!   included, goes through the link that owns it ([`Link::control`]), so
 //!   frames never interleave.
+//! - LK-10: on a connection both directions share, the reader offers its
+//!   acknowledgement to the link ([`Link::offer_ack`]), which writes it in
+//!   front of its next data frame, in the same system call; the reader
+//!   writes one alone only if no data frame took it by its ack interval.
+//!   A request and its reply thus acknowledge each other, and neither
+//!   peer is woken for an acknowledgement alone.
 
 use std::collections::VecDeque;
 use std::io;
@@ -115,6 +121,9 @@ pub struct ChannelStats {
     pub adopted: AtomicU64,
     /// Connections open now, dialed or accepted.
     pub open_connections: AtomicU64,
+    /// Acknowledgements written in front of a data frame the other way
+    /// instead of alone (LK-10).
+    pub acks_piggybacked: AtomicU64,
 }
 
 /// Settings a link needs.
@@ -214,6 +223,12 @@ struct LinkState<T> {
     broken: bool,
     dead: bool,
     last_ack: Instant,
+    /// The acknowledgement the reader of the current connection offers to
+    /// send with the next data frame (LK-10); 0 for none.
+    offered_ack: u64,
+    /// The highest acknowledgement written with data frames on the current
+    /// connection (LK-10).
+    piggybacked: u64,
 }
 
 /// The sending side of a channel to one address.
@@ -273,6 +288,8 @@ impl<T: Send + 'static> Link<T> {
                 broken: false,
                 dead: false,
                 last_ack: Instant::now(),
+                offered_ack: 0,
+                piggybacked: 0,
             }),
             wake: Notify::new(),
             room: Notify::new(),
@@ -300,6 +317,15 @@ impl<T: Send + 'static> Link<T> {
         let cost = frame.capacity() + FRAME_OVERHEAD;
         let frame = Arc::new(frame);
         if st.conn.is_some() {
+            if st.offered_ack > st.piggybacked {
+                // LK-10: the reader's acknowledgement goes out with this frame.
+                let seq = st.offered_ack;
+                st.piggybacked = seq;
+                let mut ack = AlignedVec::with_capacity(16);
+                ack.extend_from_slice(&small_frame(FrameKind::Ack, seq, &[]));
+                st.out.push_back(Arc::new(ack));
+                self.stats.acks_piggybacked.fetch_add(1, Ordering::Relaxed);
+            }
             st.out.push_back(frame.clone());
         }
         st.unacked.push_back(Pending {
@@ -515,6 +541,9 @@ impl<T: Send + 'static> Link<T> {
         st.last_write = Instant::now() - BURST_WINDOW;
         st.out_pos = 0;
         st.out = st.unacked.iter().map(|p| p.frame.clone()).collect();
+        // Acknowledgements belong to the connection their reader read.
+        st.offered_ack = 0;
+        st.piggybacked = 0;
         if connected_before {
             self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
             self.stats
@@ -554,6 +583,27 @@ impl<T: Send + 'static> Link<T> {
         }
         self.flush(st);
         true
+    }
+
+    /// The reader of connection `generation` has delivered every frame up
+    /// to `seq`: the link writes that acknowledgement in front of its next
+    /// data frame on that connection (LK-10).
+    pub(crate) fn offer_ack(&self, generation: u64, seq: u64) {
+        let mut st = self.state.lock();
+        if st.generation == generation && seq > st.offered_ack {
+            st.offered_ack = seq;
+        }
+    }
+
+    /// The highest acknowledgement written with data frames on connection
+    /// `generation` (LK-10); 0 once that connection is no longer the link's.
+    pub(crate) fn piggybacked(&self, generation: u64) -> u64 {
+        let st = self.state.lock();
+        if st.generation == generation {
+            st.piggybacked
+        } else {
+            0
+        }
     }
 
     /// The reader of connection `generation` ended: the link lets it go.

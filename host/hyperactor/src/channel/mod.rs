@@ -16,8 +16,10 @@ mod addr;
 pub(crate) mod frame;
 pub(crate) mod link;
 pub mod tls;
+pub(crate) mod traffic;
 pub(crate) mod transport;
 
 pub use addr::{AddrParseError, ChannelAddr};
 pub use frame::FrameError;
 pub use link::{ChannelStats, corked};
+pub use traffic::{Traffic, process_traffic};

@@ -244,6 +244,10 @@ pub struct JobInfo {
     /// null for a job of a server older than principals.
     #[serde(default)]
     pub owner: Option<String>,
+    /// How long its controller ran (or has run, while it runs), in ms;
+    /// null before it starts.
+    #[serde(default)]
+    pub duration_ms: Option<i64>,
 }
 
 /// Jobs.
@@ -532,3 +536,127 @@ pub struct SessionHello {
 
 /// How many lines a session keeps for a re-attaching console.
 pub const REPLAY_LINES: usize = 10_000;
+
+/// The time series of `GET /v1/metrics/series`, and each sample of
+/// `GET /v1/metrics/stream` (then each series has its newest point only).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MetricsSeries {
+    /// How often the server samples, in ms.
+    pub interval_ms: u64,
+    /// When this answer was made (ms since the epoch).
+    pub now_ms: i64,
+    /// One series per proc of a mesh.
+    pub procs: Vec<ProcSeries>,
+    /// One series per actor mesh that a job's controller called.
+    pub meshes: Vec<ActorMeshSeries>,
+    /// The jobs that ran within the window.
+    pub jobs: Vec<JobSummary>,
+}
+
+/// The samples of one proc.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ProcSeries {
+    /// Its mesh: a persistent mesh's name, or `job-<id>` for a job's fresh one.
+    pub mesh: String,
+    /// Its rank in the mesh.
+    pub rank: u32,
+    /// Its proc id.
+    pub proc: String,
+    /// Its OS process, when known.
+    pub pid: Option<u32>,
+    /// The job of a fresh mesh; null for a persistent mesh's proc.
+    pub job: Option<u64>,
+    /// Oldest first.
+    pub points: Vec<ProcPoint>,
+}
+
+/// One sample of a proc.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ProcPoint {
+    /// When (ms since the epoch).
+    pub t: i64,
+    /// CPU over the last interval, in percent of one core; null for the
+    /// first sample of a proc.
+    pub cpu_pct: Option<f64>,
+    /// Resident memory, in bytes.
+    pub rss_bytes: Option<u64>,
+    /// The linear memory of the Wasm instances in the proc; null: procs
+    /// do not report it (yet).
+    pub wasm_bytes: Option<u64>,
+}
+
+/// The samples of the calls to one actor mesh.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ActorMeshSeries {
+    /// The job whose controller called it; null when not known.
+    pub job: Option<u64>,
+    /// The actor mesh, as its job named it.
+    pub mesh: String,
+    /// Oldest first.
+    pub points: Vec<ActorMeshPoint>,
+}
+
+/// The calls to an actor mesh over one interval.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ActorMeshPoint {
+    /// When (ms since the epoch): the end of the interval.
+    pub t: i64,
+    /// Calls that completed, per second.
+    pub calls_per_s: f64,
+    /// The median latency, in ms; null without calls.
+    pub p50_ms: Option<f64>,
+    /// The 99th percentile latency, in ms; null without calls.
+    pub p99_ms: Option<f64>,
+    /// Calls that failed.
+    pub errors: u64,
+    /// Replies received.
+    pub msgs_in: u64,
+    /// Messages sent (one per rank a call addressed).
+    pub msgs_out: u64,
+}
+
+/// A job's status and how long it ran.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct JobSummary {
+    /// Its id.
+    pub id: u64,
+    /// Where it stands.
+    pub status: JobStatus,
+    /// When it was submitted.
+    pub created_at_ms: i64,
+    /// When its controller started.
+    pub started_at_ms: Option<i64>,
+    /// When it ended.
+    pub ended_at_ms: Option<i64>,
+    /// Ended (or now) minus started, in ms.
+    pub duration_ms: Option<i64>,
+}
+
+/// An actor mesh a job's controller spawned (`GET /v1/jobs/{id}/actors`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct JobActorMesh {
+    /// Its name, as the job gave it.
+    pub mesh: String,
+    /// Its actor class.
+    pub class: String,
+    /// Every rank.
+    pub ranks: Vec<JobActorRank>,
+}
+
+/// One actor of a job's actor mesh.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct JobActorRank {
+    /// Its rank.
+    pub rank: u32,
+    /// The proc it runs on.
+    pub proc: String,
+    /// `running`, `failed` or `stopped`.
+    pub state: String,
+    /// Why it failed or stopped.
+    pub reason: Option<String>,
+    /// The endpoint it was handling when it failed, when known.
+    pub endpoint: Option<String>,
+    /// The URL of its post-mortem record (`GET /v1/jobs/{id}/dumps`), if
+    /// it left one.
+    pub dump: Option<String>,
+}

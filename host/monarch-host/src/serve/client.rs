@@ -103,6 +103,34 @@ impl ApiClient {
         .await
     }
 
+    /// Uploads a component as [`ApiClient::upload`] does, telling `sent`
+    /// how many more bytes went out as the body goes (a progress bar).
+    pub async fn upload_with_progress(
+        &self,
+        bytes: Vec<u8>,
+        sent: impl Fn(u64) + Send + Sync + 'static,
+    ) -> Result<UploadReply, String> {
+        const CHUNK: usize = 64 << 10;
+        let len = bytes.len();
+        let bytes = hyper::body::Bytes::from(bytes);
+        let chunks: Vec<hyper::body::Bytes> = (0..len)
+            .step_by(CHUNK)
+            .map(|at| bytes.slice(at..(at + CHUNK).min(len)))
+            .collect();
+        let frames = futures::stream::iter(chunks.into_iter().map(move |chunk| {
+            sent(chunk.len() as u64);
+            Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(chunk))
+        }));
+        let body = reqwest::Body::wrap(http_body_util::StreamBody::new(frames));
+        self.send(
+            self.request(Method::POST, "/v1/components")
+                .header(reqwest::header::CONTENT_TYPE, "application/wasm")
+                .header(reqwest::header::CONTENT_LENGTH, len)
+                .body(body),
+        )
+        .await
+    }
+
     /// Submits a job; returns its id.
     pub async fn submit(&self, job: &JobRequest) -> Result<u64, String> {
         let created: Created = self

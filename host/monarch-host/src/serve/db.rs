@@ -457,6 +457,55 @@ impl Db {
         rows.collect::<std::result::Result<_, _>>().map_err(db_err)
     }
 
+    /// Records the metrics sample `sample` taken at `t`, and forgets
+    /// those taken before `keep_from` (the table stays bounded).
+    pub(crate) fn insert_metric_sample(&self, t: i64, sample: &str, keep_from: i64) -> Result<()> {
+        let conn = self.conn();
+        conn.prepare_cached("INSERT OR REPLACE INTO metric_samples (t, sample) VALUES (?1, ?2)")
+            .and_then(|mut s| s.execute(params![t, sample]))
+            .map_err(db_err)?;
+        conn.prepare_cached("DELETE FROM metric_samples WHERE t < ?1")
+            .and_then(|mut s| s.execute(params![keep_from]))
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    /// The metrics samples taken from `since` to before `until`, oldest
+    /// first, as their JSON.
+    pub(crate) fn metric_samples(&self, since: i64, until: i64) -> Result<Vec<(i64, String)>> {
+        let conn = self.conn();
+        let mut statement = conn
+            .prepare_cached(
+                "SELECT t, sample FROM metric_samples WHERE t >= ?1 AND t < ?2 ORDER BY t",
+            )
+            .map_err(db_err)?;
+        let rows = statement
+            .query_map(params![since, until], |row| Ok((row.get(0)?, row.get(1)?)))
+            .map_err(db_err)?;
+        rows.collect::<std::result::Result<_, _>>().map_err(db_err)
+    }
+
+    /// The newest `limit` jobs that had not ended by `since` (ms), newest
+    /// first: of every principal (`owner` None), or of `owner`.
+    pub(crate) fn jobs_since(
+        &self,
+        since: i64,
+        limit: usize,
+        owner: Option<&str>,
+    ) -> Result<Vec<JobInfo>> {
+        let conn = self.conn();
+        let mut statement = conn
+            .prepare_cached(&format!(
+                "{JOB_COLUMNS} WHERE (finished_at_ms IS NULL OR finished_at_ms >= ?1)
+                 AND (?3 IS NULL OR owner = ?3) ORDER BY id DESC LIMIT ?2"
+            ))
+            .map_err(db_err)?;
+        let rows = statement
+            .query_map(params![since, limit as i64, owner], job_row)
+            .map_err(db_err)?;
+        rows.collect::<std::result::Result<_, _>>().map_err(db_err)
+    }
+
     /// How many jobs ended with each status, for the metrics.
     pub(crate) fn status_counts(&self) -> Result<Vec<(String, u64)>> {
         let conn = self.conn();
@@ -673,6 +722,12 @@ const MIGRATIONS: &[&str] = &[
     // 5: whether a job was submitted with `debug` (breakpoints), so that
     // a job a restart requeues keeps it (JR-1).
     "ALTER TABLE jobs ADD COLUMN debug INTEGER NOT NULL DEFAULT 0",
+    // 6: the metrics sampler's samples (`serve::metrics`), each the JSON
+    // of one sample, for the last hour only.
+    "CREATE TABLE metric_samples (
+         t INTEGER PRIMARY KEY,
+         sample TEXT NOT NULL
+     )",
 ];
 
 /// Applies the migrations a database has not had, each with its version
@@ -744,6 +799,13 @@ fn job_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<JobInfo> {
         started_at_ms: row.get(8)?,
         finished_at_ms: row.get(9)?,
         owner: row.get(11)?,
+        duration_ms: None,
+    })
+    .map(|mut job| {
+        job.duration_ms = job
+            .started_at_ms
+            .map(|started| (job.finished_at_ms.unwrap_or_else(now_ms) - started).max(0));
+        job
     })
 }
 

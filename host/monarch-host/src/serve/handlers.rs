@@ -91,8 +91,12 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/v1/jobs/{id}", get(get_job).delete(cancel_job))
         .route("/v1/jobs/{id}/logs", get(job_logs))
         .route("/v1/jobs/{id}/dumps", get(job_dumps))
+        .route("/v1/jobs/{id}/trace", get(job_trace))
         .route("/v1/jobs/{id}/dumps/{file}", get(job_dump_file))
         .route("/v1/jobs/{id}/stacks", get(job_stacks))
+        .route("/v1/jobs/{id}/actors", get(job_actors))
+        .route("/v1/metrics/series", get(metrics_series))
+        .route("/v1/metrics/stream", get(metrics_stream))
         .route("/v1/jobs/{id}/debug", get(job_debug))
         .route(
             "/v1/jobs/{id}/debug/bridges",
@@ -141,10 +145,14 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         get_job,
         cancel_job,
         job_logs,
+        job_trace,
         job_dumps,
         job_dump_file,
         job_stacks,
+        job_actors,
         job_debug,
+        metrics_series,
+        metrics_stream,
         principal,
         super::debug_bridge::open,
         super::debug_bridge::stream,
@@ -1045,6 +1053,186 @@ async fn job_stacks(
     }
 }
 
+/// The actor meshes a job's controller spawned, with every rank's state;
+/// a failed rank's reason, the endpoint it was handling, and its
+/// post-mortem record's URL where it left one. A job that ended shows its
+/// meshes as they were when they stopped.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}/actors",
+    params(("id" = u64, Path)),
+    responses(
+        (status = 200, body = Vec<JobActorMesh>),
+        (status = 403, description = "Another principal's", body = ApiError),
+        (status = 404, body = ApiError)
+    )
+)]
+async fn job_actors(
+    With(state): With<Arc<State>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Answer<Vec<JobActorMesh>> {
+    let id = job_id(&id)?;
+    find_job(&state, &caller, id)?;
+    let mut views: Vec<Arc<super::meshes::MeshView>> = state
+        .persistent
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .values()
+        .map(|m| m.view.clone())
+        .collect();
+    views.extend(
+        state
+            .fresh
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned(),
+    );
+    let mut meshes: Vec<JobActorMesh> = views.iter().flat_map(|v| v.job_actors(id)).collect();
+    for stopped in state.actor_archive.get(id) {
+        if !meshes.iter().any(|m| m.mesh == stopped.mesh) {
+            meshes.push(stopped);
+        }
+    }
+    let dir = crate::debug::dumps::for_job(&state.config.data, id).dir;
+    let dumps = match meshes
+        .iter()
+        .flat_map(|m| &m.ranks)
+        .any(|r| r.state == "failed")
+    {
+        true => tokio::task::spawn_blocking(move || match dir.is_dir() {
+            true => crate::debug::dumps::read_dumps(&dir).unwrap_or_default(),
+            false => Vec::new(),
+        })
+        .await
+        .unwrap_or_default(),
+        false => Vec::new(),
+    };
+    let scope = format!("j{id}.");
+    for mesh in &mut meshes {
+        for rank in &mut mesh.ranks {
+            if let Some(reason) = rank.reason.take() {
+                let fault =
+                    hyperactor_mesh::Fault::decode(&reason, hyperactor_mesh::FaultKind::Trap);
+                rank.endpoint = fault.endpoint.clone();
+                rank.reason = Some(fault.to_string());
+            }
+            if rank.state != "failed" {
+                continue;
+            }
+            let dump = dumps.iter().find(|d| {
+                d.record.rank == rank.rank
+                    && d.record.mesh.strip_prefix(&scope).unwrap_or(&d.record.mesh) == mesh.mesh
+            });
+            if let Some(dump) = dump {
+                rank.endpoint
+                    .get_or_insert_with(|| dump.record.endpoint.clone());
+                rank.dump = Some(format!("/v1/jobs/{id}/dumps/{}", dump.file));
+            }
+        }
+    }
+    meshes.sort_by(|a, b| a.mesh.cmp(&b.mesh));
+    ok(StatusCode::OK, meshes)
+}
+
+/// The time series of the server's samples since `since_ms` (default: 10
+/// minutes ago; the last hour is kept): each proc's CPU and memory, each
+/// actor mesh's calls, and the jobs that ran. A user sees the procs of the
+/// meshes it may use and its own jobs' actor meshes.
+#[utoipa::path(
+    get,
+    path = "/v1/metrics/series",
+    params(
+        ("since_ms" = Option<i64>, Query, description = "From when, in ms since the Unix epoch (10 minutes ago)"),
+        ("job" = Option<u64>, Query, description = "Only this job's procs, actor meshes and status"),
+        ("mesh" = Option<String>, Query, description = "Only the procs of this mesh and the actor meshes of this name")
+    ),
+    responses((status = 200, body = MetricsSeries), (status = 400, description = "A bad parameter", body = ApiError))
+)]
+async fn metrics_series(
+    With(state): With<Arc<State>>,
+    Extension(caller): Extension<Caller>,
+    RawQuery(query): RawQuery,
+) -> Answer<MetricsSeries> {
+    let query = super::metrics::Query::parse(query.as_deref())
+        .map_err(|e| fail(StatusCode::BAD_REQUEST, e))?;
+    let series =
+        tokio::task::spawn_blocking(move || super::metrics::series(&state, &caller, &query))
+            .await
+            .map_err(|e| internal(format!("reading the metrics failed: {e}")))?
+            .map_err(internal)?;
+    ok(StatusCode::OK, series)
+}
+
+/// The server's samples as they are taken: every interval one
+/// `event: sample` whose data is a `MetricsSeries` with the newest point
+/// of each series; keep-alive comments between. It ends when the server
+/// stops.
+#[utoipa::path(
+    get,
+    path = "/v1/metrics/stream",
+    params(
+        ("job" = Option<u64>, Query, description = "Only this job's procs, actor meshes and status"),
+        ("mesh" = Option<String>, Query, description = "Only the procs of this mesh and the actor meshes of this name")
+    ),
+    responses(
+        (status = 200, description = "`event: sample` per interval, its data a MetricsSeries", content_type = "text/event-stream", body = String),
+        (status = 400, description = "A bad parameter", body = ApiError),
+        (status = 503, description = "The server is stopping", body = ApiError)
+    )
+)]
+async fn metrics_stream(
+    With(state): With<Arc<State>>,
+    Extension(caller): Extension<Caller>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, Fail> {
+    let query = super::metrics::Query::parse(query.as_deref())
+        .map_err(|e| fail(StatusCode::BAD_REQUEST, e))?;
+    let Some(mut samples) = state.metrics.subscribe() else {
+        return Err(fail(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is stopping",
+        ));
+    };
+    let (tx, rx) = mpsc::channel::<Event>(16);
+    tokio::spawn(async move {
+        loop {
+            let sample = match samples.recv().await {
+                Ok(sample) => sample,
+                // A slow reader skips the samples it missed.
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+            };
+            let state = state.clone();
+            let (caller, query) = (caller.clone(), query.clone());
+            let item = tokio::task::spawn_blocking(move || {
+                super::metrics::stream_item(&state, &caller, &query, &sample)
+            })
+            .await;
+            let data = match item {
+                Ok(Ok(item)) => serde_json::to_string(&item).unwrap_or_default(),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "cannot make a metrics sample");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "making a metrics sample failed");
+                    continue;
+                }
+            };
+            if tx
+                .send(Event::default().event("sample").data(data))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
+    Ok(sse(rx))
+}
+
 /// Where a running job's debug hub listens (a job submitted with
 /// `"debug": true`), for tools on the server's network; `monarch-host
 /// debug --server URL JOB` goes through a bridge instead
@@ -1166,6 +1354,44 @@ async fn job_dump_file(
         ),
     ];
     Ok((headers, bytes).into_response())
+}
+
+/// The traces of a job's calls (`serve --trace`): one OTLP JSON
+/// `ExportTraceServiceRequest` per traced call, a line each, as `run
+/// --trace-file` writes them; `monarch-host trace ID` prints them.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}/trace",
+    params(("id" = u64, Path)),
+    responses(
+        (status = 200, description = "OTLP JSON lines, one per traced call", content_type = "application/x-ndjson", body = String),
+        (status = 404, description = "No such job, or no traces (the server traces only with --trace)", body = ApiError)
+    )
+)]
+async fn job_trace(
+    With(state): With<Arc<State>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, Fail> {
+    let id = job_id(&id)?;
+    find_job(&state, &caller, id)?;
+    if !state.config.trace {
+        return Err(fail(
+            StatusCode::NOT_FOUND,
+            "this server does not trace its jobs' calls; start it with `serve --trace`",
+        ));
+    }
+    match tokio::fs::read(state.trace_path(id)).await {
+        Ok(bytes) => Ok((
+            [(header::CONTENT_TYPE, "application/x-ndjson".to_string())],
+            bytes,
+        )
+            .into_response()),
+        Err(_) => Err(fail(
+            StatusCode::NOT_FOUND,
+            format!("job {id} made no traced call (yet): only calls with replies are traced"),
+        )),
+    }
 }
 
 /// Streams a job's log as Server-Sent Events.
@@ -1600,6 +1826,9 @@ async fn metrics(With(state): With<Arc<State>>, Extension(caller): Extension<Cal
             "Jobs in the server's history, by status.",
             &values,
         );
+    }
+    if let Some(latest) = state.metrics.latest() {
+        out.push_str(&super::metrics::prometheus(&latest));
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }

@@ -496,6 +496,7 @@ async fn run(
         }
     };
     let is_session = session.is_some();
+    let trace = state.config.trace.then(|| state.trace_path(id));
     let outcome = match session {
         None => {
             prepared
@@ -504,7 +505,12 @@ async fn run(
                     sandbox,
                     log.sink(),
                     mesh,
-                    Some(view.observer(id, state.actor_meshes.clone(), access.clone())),
+                    Some(view.observer(
+                        id,
+                        state.actor_meshes.clone(),
+                        access.clone(),
+                        trace.clone(),
+                    )),
                     cancel,
                 )
                 .await
@@ -516,7 +522,12 @@ async fn run(
                     sandbox,
                     log.sink(),
                     mesh,
-                    Some(view.observer(id, state.actor_meshes.clone(), access.clone())),
+                    Some(view.observer(
+                        id,
+                        state.actor_meshes.clone(),
+                        access.clone(),
+                        trace.clone(),
+                    )),
                     cancel,
                 )
                 .await

@@ -27,7 +27,10 @@ use hyperactor::ProcId;
 use hyperactor_mesh::agent::MeshEvent;
 use hyperactor_mesh::client::MeshClient;
 
-use super::api::{ActorMeshInfo, ActorsInfo, MeshInfo, ProcInfo, RankInfo, Replacement};
+use super::api::{
+    ActorMeshInfo, ActorsInfo, JobActorMesh, JobActorRank, MeshInfo, ProcInfo, RankInfo,
+    Replacement,
+};
 use crate::host::MeshObserver;
 use crate::mesh::{PersistentActorMesh, PersistentActorMeshes};
 
@@ -36,6 +39,46 @@ pub(crate) struct MeshView {
     name: String,
     job: Option<u64>,
     state: Mutex<ViewState>,
+    /// Where jobs' actor meshes go as they stop, for
+    /// `GET /v1/jobs/{id}/actors` after the fact; set by the server.
+    archive: std::sync::OnceLock<Arc<ActorArchive>>,
+}
+
+/// The most jobs whose stopped actor meshes an [`ActorArchive`] keeps.
+const ARCHIVED_JOBS: usize = 1000;
+
+/// Jobs' actor meshes as they were when they stopped (a failed rank
+/// stays failed, with its reason), for the newest [`ARCHIVED_JOBS`] jobs.
+#[derive(Default)]
+pub(crate) struct ActorArchive {
+    jobs: Mutex<std::collections::BTreeMap<u64, Vec<JobActorMesh>>>,
+}
+
+impl ActorArchive {
+    fn add(&self, job: u64, meshes: Vec<JobActorMesh>) {
+        if meshes.is_empty() {
+            return;
+        }
+        let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        let kept = jobs.entry(job).or_default();
+        for mesh in meshes {
+            kept.retain(|m| m.mesh != mesh.mesh);
+            kept.push(mesh);
+        }
+        while jobs.len() > ARCHIVED_JOBS {
+            jobs.pop_first();
+        }
+    }
+
+    /// The stopped actor meshes of `job`.
+    pub(crate) fn get(&self, job: u64) -> Vec<JobActorMesh> {
+        self.jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&job)
+            .cloned()
+            .unwrap_or_default()
+    }
 }
 
 #[derive(Default)]
@@ -88,18 +131,93 @@ struct ActorView {
     ended: Vec<Option<(String, String)>>,
 }
 
+impl ActorView {
+    /// The mesh as `GET /v1/jobs/{id}/actors` shows it, its scope
+    /// (`j<job>.`) left out; ranks that run are shown `stopped` for
+    /// `stopped` when it is given.
+    fn snapshot(&self, stopped: Option<&str>) -> JobActorMesh {
+        let scope = format!("j{}.", self.job);
+        JobActorMesh {
+            mesh: self
+                .name
+                .strip_prefix(&scope)
+                .unwrap_or(&self.name)
+                .to_string(),
+            class: self.class.clone(),
+            ranks: self
+                .ended
+                .iter()
+                .enumerate()
+                .map(|(rank, ended)| {
+                    let proc = self
+                        .procs
+                        .get(rank / self.per_proc.max(1) as usize)
+                        .map(ToString::to_string)
+                        .unwrap_or_default();
+                    let (state, reason) = match (ended, stopped) {
+                        (Some((state, reason)), _) => (state.clone(), Some(reason.clone())),
+                        (None, Some(why)) => ("stopped".to_string(), Some(why.to_string())),
+                        (None, None) => ("running".to_string(), None),
+                    };
+                    JobActorRank {
+                        rank: rank as u32,
+                        proc,
+                        state,
+                        reason,
+                        endpoint: None,
+                        dump: None,
+                    }
+                })
+                .collect(),
+        }
+    }
+}
+
 impl MeshView {
     /// A view of the mesh `name` (a fresh mesh names its `job`).
     pub(crate) fn new(name: String, job: Option<u64>, procs: Vec<ProcId>) -> Arc<MeshView> {
         Arc::new(MeshView {
             name,
             job,
+            archive: std::sync::OnceLock::new(),
             state: Mutex::new(ViewState {
                 pids: vec![None; procs.len()],
                 procs: procs.into_iter().map(|p| (p, None)).collect(),
                 ..ViewState::default()
             }),
         })
+    }
+
+    /// Keeps the actor meshes of jobs in `archive` as they stop.
+    pub(crate) fn set_archive(&self, archive: Arc<ActorArchive>) {
+        let _ = self.archive.set(archive);
+    }
+
+    /// The mesh's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Each rank's proc and OS process (where known).
+    pub(crate) fn procs_and_pids(&self) -> Vec<(ProcId, Option<u32>)> {
+        let state = self.lock();
+        state
+            .procs
+            .iter()
+            .enumerate()
+            .map(|(rank, (proc, _))| (proc.clone(), state.pids.get(rank).copied().flatten()))
+            .collect()
+    }
+
+    /// The actor meshes that `job` runs on this mesh now, each rank's
+    /// reason as the mesh client gave it (an encoded fault, maybe).
+    pub(crate) fn job_actors(&self, job: u64) -> Vec<JobActorMesh> {
+        self.lock()
+            .actors
+            .iter()
+            .filter(|a| a.job == job)
+            .map(|a| a.snapshot(None))
+            .collect()
     }
 
     /// Records each rank's OS process (a persistent mesh's procs).
@@ -304,18 +422,31 @@ impl MeshView {
         job: u64,
         persistent: Arc<PersistentActorMeshes>,
         access: ActorMeshAccess,
+        trace: Option<std::path::PathBuf>,
     ) -> Arc<dyn MeshObserver> {
         Arc::new(JobObserver {
             view: self.clone(),
             job,
             persistent,
             access,
+            trace,
         })
     }
 
-    /// Forgets the actor meshes of `job` (it ended).
+    /// Forgets the actor meshes of `job` (it ended), keeping them in the
+    /// archive.
     pub(crate) fn forget_job(&self, job: u64) {
-        self.lock().actors.retain(|a| a.job != job);
+        let mut gone = Vec::new();
+        self.lock().actors.retain(|a| match a.job == job {
+            true => {
+                gone.push(a.snapshot(Some("the job ended")));
+                false
+            }
+            false => true,
+        });
+        if let Some(archive) = self.archive.get() {
+            archive.add(job, gone);
+        }
     }
 }
 
@@ -328,9 +459,15 @@ struct JobObserver {
     job: u64,
     persistent: Arc<PersistentActorMeshes>,
     access: ActorMeshAccess,
+    /// The job's trace file (`serve --trace`).
+    trace: Option<std::path::PathBuf>,
 }
 
 impl MeshObserver for JobObserver {
+    fn trace_sink(&self) -> Option<hyperactor_mesh::cast::TraceSink> {
+        self.trace.clone().map(crate::traces::append_sink)
+    }
+
     fn procs_spawned(&self, procs: &[ProcId]) {
         let mut state = self.view.lock();
         for proc in procs {
@@ -354,7 +491,21 @@ impl MeshObserver for JobObserver {
     }
 
     fn actors_stopped(&self, name: &str) {
-        self.view.lock().actors.retain(|a| a.name != name);
+        let mut gone = Vec::new();
+        self.view.lock().actors.retain(|a| match a.name == name {
+            true => {
+                gone.push(a.snapshot(Some("stopped by its controller or with its job")));
+                false
+            }
+            false => true,
+        });
+        if let Some(archive) = self.view.archive.get() {
+            archive.add(self.job, gone);
+        }
+    }
+
+    fn job(&self) -> Option<u64> {
+        Some(self.job)
     }
 
     fn mesh_event(&self, event: &MeshEvent) {
@@ -476,6 +627,45 @@ mod tests {
         assert_eq!(info.procs[1].replaced, 1);
         assert_eq!(info.procs[0].replaced, 0);
         assert_eq!(view.procs(), vec![all[0].clone(), all[2].clone()]);
+    }
+
+    #[test]
+    fn a_jobs_failed_rank_is_kept_after_its_actor_mesh_stops() {
+        let all = procs(2);
+        let view = MeshView::new("workers".into(), None, all.clone());
+        let archive = Arc::new(ActorArchive::default());
+        view.set_archive(archive.clone());
+        let observer = view.observer(7, Arc::default(), Arc::new(|_| true), None);
+        assert_eq!(observer.job(), Some(7));
+        observer.actors_spawned("j7.echoers", "Echoer", &all, 1);
+        let live = view.job_actors(7);
+        assert_eq!(
+            (live[0].mesh.as_str(), live[0].class.as_str()),
+            ("echoers", "Echoer")
+        );
+        assert!(live[0].ranks.iter().all(|r| r.state == "running"));
+        assert_eq!(live[0].ranks[1].proc, all[1].to_string());
+        view.take_event(&MeshEvent::ActorFailed {
+            actor: all[1].actor_id("j7.echoers", 1).unwrap(),
+            reason: "trap: unreachable".into(),
+        });
+        observer.actors_stopped("j7.echoers");
+        assert!(view.job_actors(7).is_empty());
+        let kept = archive.get(7);
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].ranks[0].state, "stopped");
+        assert_eq!(kept[0].ranks[1].state, "failed");
+        assert_eq!(
+            kept[0].ranks[1].reason.as_deref(),
+            Some("trap: unreachable")
+        );
+        // Another job's are its own; the archive keeps the newest jobs only.
+        assert!(archive.get(8).is_empty());
+        for job in 100..100 + ARCHIVED_JOBS as u64 {
+            archive.add(job, kept.clone());
+        }
+        assert!(archive.get(7).is_empty());
+        assert_eq!(archive.get(100).len(), 1);
     }
 
     #[test]

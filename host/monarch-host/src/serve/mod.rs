@@ -7,6 +7,8 @@
 //!   fails what was running and runs what was queued.
 //! - [`jobs`]: the queue, one task per job, log files that streams follow.
 //! - [`meshes`]: persistent meshes and the server's view of every mesh.
+//! - `metrics`: the sampler of procs' CPU and memory and of actor meshes'
+//!   calls, behind `/v1/metrics/series` and `/v1/metrics/stream`.
 //!
 //! - [`principals`]: who may use the server (tokens, roles), and
 //!   [`quotas`]: how much each may ask for (rate, jobs, procs, memory).
@@ -29,6 +31,7 @@ mod handlers;
 mod jobs;
 mod listen;
 mod meshes;
+mod metrics;
 pub mod principals;
 pub mod quotas;
 mod sessions;
@@ -56,7 +59,7 @@ pub use api::Limits;
 use api::{ActorMeshInfo, MeshInfo};
 use db::Db;
 use jobs::{JobCounters, LiveJob, LiveJobs};
-use meshes::{MeshView, PersistentMesh};
+use meshes::{ActorArchive, MeshView, PersistentMesh};
 
 /// How the server runs.
 #[derive(Debug, Clone)]
@@ -113,6 +116,13 @@ pub struct ServeConfig {
     /// none: no job is granted a directory. [`Server::start`] resolves
     /// them and refuses one that is not a directory.
     pub allowed_dirs: Vec<PathBuf>,
+    /// How often the metrics sampler samples procs and actor meshes
+    /// (`/v1/metrics/series`); a second by default.
+    pub metrics_interval: Duration,
+    /// Traces the calls of every job's controller into
+    /// `DATA/traces/ID.jsonl` (`GET /v1/jobs/{id}/trace`, `monarch-host
+    /// trace ID`).
+    pub trace: bool,
 }
 
 impl ServeConfig {
@@ -147,6 +157,8 @@ impl ServeConfig {
             fanout: crate::host::FANOUT,
             meshes: Vec::new(),
             allowed_dirs: Vec::new(),
+            metrics_interval: Duration::from_secs(1),
+            trace: false,
         }
     }
 }
@@ -181,6 +193,10 @@ pub(crate) struct State {
     /// Persistent actor meshes, which belong to the server: jobs and
     /// sessions spawn and find them through their observers.
     actor_meshes: Arc<PersistentActorMeshes>,
+    /// Jobs' actor meshes as they stopped (`GET /v1/jobs/{id}/actors`).
+    actor_archive: Arc<ActorArchive>,
+    /// The samples of procs and actor meshes.
+    metrics: metrics::Metrics,
     counters: JobCounters,
     uploads: UploadCounters,
     unauthorized: AtomicU64,
@@ -217,6 +233,11 @@ impl State {
         self.config.data.join("logs").join(format!("{job}.log"))
     }
 
+    /// Where a job's traces go (`serve --trace`).
+    fn trace_path(&self, job: u64) -> PathBuf {
+        self.config.data.join("traces").join(format!("{job}.jsonl"))
+    }
+
     fn component_path(&self, id: &str) -> PathBuf {
         self.config
             .data
@@ -233,6 +254,7 @@ impl State {
     }
 
     fn add_fresh_view(&self, job: u64, view: Arc<MeshView>) {
+        view.set_archive(self.actor_archive.clone());
         self.fresh
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -407,6 +429,7 @@ impl State {
             allocated.iter().map(|a| a.proc.clone()).collect(),
         );
         view.set_pids(allocated.iter().map(|a| a.pid).collect());
+        view.set_archive(self.actor_archive.clone());
         let mut events = client.subscribe();
         let watched = Arc::downgrade(&view);
         // Failures of persistent actor meshes on these procs are the
@@ -782,6 +805,8 @@ impl Server {
             creating: Mutex::default(),
             fresh: Mutex::default(),
             actor_meshes: Arc::default(),
+            actor_archive: Arc::default(),
+            metrics: metrics::Metrics::new(config.metrics_interval),
             counters: JobCounters::default(),
             uploads: UploadCounters::default(),
             unauthorized: AtomicU64::new(0),
@@ -843,6 +868,7 @@ impl Server {
             })?;
         }
         state.requeue(recovered.queued);
+        metrics::start(&state);
         // What persistent actor meshes live is written down within a
         // second of a change, for the next start to say they were lost.
         let watched = Arc::downgrade(&state);
@@ -884,6 +910,8 @@ impl Server {
     /// Stops: cancels unfinished jobs (they are marked failed), waits up
     /// to `grace` for them and for open requests, then stops every mesh.
     pub async fn stop(mut self, grace: Duration) {
+        // Metrics streams end, so that open requests can.
+        self.state.metrics.stop();
         self.state
             .sessions
             .close_all(&self.state.db, "the server is stopping");

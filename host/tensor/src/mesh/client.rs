@@ -18,6 +18,7 @@ use super::sharding::{self, MeshShape, Meta, Sharding};
 use super::worker::TENSOR_KIND;
 use crate::{DType, Device, Tensor};
 
+mod ring;
 mod send_shard;
 
 /// Why a mesh tensor operation failed.
@@ -120,8 +121,15 @@ pub struct TensorMeshOptions {
     /// procs took 0.75 x as long in chunks of 1 MiB as of 8 MiB (see
     /// docs/tensor.md).
     pub chunk_bytes: usize,
-    /// How many chunks `all_reduce` and `upload` keep in flight (default 4).
+    /// How many chunks `all_reduce` and `upload` keep in flight (default
+    /// 4); in a ring all-reduce, how many of a rank's own chunks it sends
+    /// ahead of what it received.
     pub window: usize,
+    /// The smallest CPU shard, in bytes, that `all_reduce` sums round a
+    /// ring of the workers instead of through the controller's tree
+    /// (default 256 KiB; `usize::MAX` never uses the ring, 0 always does
+    /// on the CPU). See [`TensorMesh::all_reduce`].
+    pub ring_min_bytes: usize,
     /// How long spawning the workers may take (default 30 s).
     pub spawn_timeout: Duration,
 }
@@ -133,6 +141,7 @@ impl Default for TensorMeshOptions {
             timeout: Duration::from_secs(300),
             chunk_bytes: 1 << 20,
             window: 4,
+            ring_min_bytes: 256 << 10,
             spawn_timeout: Duration::from_secs(30),
         }
     }
@@ -164,6 +173,10 @@ pub struct TensorMesh {
     errors: Vec<(u32, String)>,
     /// Results that arrived while another was awaited.
     done: HashMap<u64, CastResult>,
+    /// Every rank's ring port, once asked for ([`ring`]).
+    ring_ports: Option<Vec<hyperactor::PortId>>,
+    /// The number of the next ring all-reduce run.
+    next_ring_op: u64,
 }
 
 /// The most errors of fire-and-forget commands kept until a `sync`.
@@ -227,6 +240,8 @@ impl TensorMesh {
             failed: HashMap::new(),
             errors: Vec::new(),
             done: HashMap::new(),
+            ring_ports: None,
+            next_ring_op: 1,
         })
     }
 
@@ -627,11 +642,14 @@ impl TensorMesh {
     /// Partial sums over `mesh_dim` become the replicated total; a tensor
     /// split over `mesh_dim` is refused.
     ///
-    /// For each group and each chunk of the local tensor, a `fetch` is
-    /// cast to the group with the elementwise reducer of the dtype
-    /// (`sum-f32s`...), so the chunk is summed at every hop of the
+    /// CPU shards of at least [`TensorMeshOptions::ring_min_bytes`] go
+    /// round a ring of each group's workers (see [`crate::mesh`], "All-reduce").
+    /// Otherwise, for each group and each chunk of the local tensor, a
+    /// `fetch` is cast to the group with the elementwise reducer of the
+    /// dtype (`sum-f32s`...), so the chunk is summed at every hop of the
     /// multicast tree and one sum comes back; a `write` then casts the sum
-    /// to the group. Up to `window` chunks are in flight.
+    /// to the group. Up to `window` chunks are in flight. A failure after
+    /// any rank may have written a sum poisons the tensor.
     pub async fn all_reduce(
         &mut self,
         t: &mut TensorRef,
@@ -647,6 +665,11 @@ impl TensorMesh {
         let meta =
             sharding::all_reduce_meta(&t.meta, mesh_dim, &self.mesh).map_err(MeshError::Invalid)?;
         self.poll();
+        if self.ring_fits(t, mesh_dim) {
+            self.ring_all_reduce(t, mesh_dim).await?;
+            t.meta = meta;
+            return Ok(());
+        }
         let reducer = match t.meta.dtype {
             DType::F32 => Reducer::SumF32s,
             DType::F64 => Reducer::SumF64s,
@@ -963,14 +986,20 @@ impl TensorMesh {
         command: Command,
         mode: CastMode,
     ) -> u64 {
+        self.request_with(ranks, command.endpoint(), command.encode(), mode)
+    }
+
+    /// Casts the archive `message` to `endpoint` of `ranks`.
+    fn request_with(
+        &mut self,
+        ranks: impl IntoIterator<Item = usize>,
+        endpoint: &str,
+        message: Vec<u8>,
+        mode: CastMode,
+    ) -> u64 {
         let target = self.target(ranks);
-        self.caster.cast(
-            target,
-            command.endpoint(),
-            command.encode(),
-            mode,
-            self.options.timeout,
-        )
+        self.caster
+            .cast(target, endpoint, message, mode, self.options.timeout)
     }
 
     /// Takes what has arrived without waiting: proc deaths, failed actors,

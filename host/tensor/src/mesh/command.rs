@@ -10,7 +10,7 @@
 //! Workers validate every archive before reading it ([`Command::decode`]);
 //! bytes that are not a command are an error reply, never a panic.
 
-use hyperactor::RemoteMessage;
+use hyperactor::{PortId, RemoteMessage};
 use rkyv::rancor;
 use rkyv::util::AlignedVec;
 
@@ -438,6 +438,105 @@ impl ShardCommand {
     pub fn decode(bytes: &[u8]) -> Result<ShardCommand, String> {
         <ShardCommand as RemoteMessage>::decode(bytes)
             .map_err(|e| format!("the message is not a valid tensor shard command: {e}"))
+    }
+}
+
+/// The commands of the ring all-reduce ([`super::TensorMesh::all_reduce`]
+/// of large CPU shards; `worker/ring.rs`). They go to the same workers
+/// through the same casts as [`Command`]s, so they stay in order with ops;
+/// the chunks themselves go from worker to worker as [`RingMessage`]s.
+#[derive(Debug, Clone, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub enum RingCommand {
+    /// Replies with the archive of the [`PortId`] of the worker's ring
+    /// port, where its ring neighbour sends [`RingMessage`]s (opened on
+    /// the first ask, kept while the worker lives).
+    Port,
+    /// Sums tensor `id` over the ring `ports` (this rank sits at
+    /// `position`), in place: a reduce-scatter then an all-gather, each
+    /// `ports.len() - 1` steps, every step cut into chunks of at most
+    /// `chunk_bytes`, with up to `window` of this rank's own chunks ahead
+    /// of what it received. Replies empty, or the error (after which a
+    /// shard that was written in part is poisoned).
+    AllReduce {
+        /// The tensor.
+        id: u64,
+        /// The run's number: messages of other runs are told apart by it.
+        op: u64,
+        /// Elements of every rank's shard.
+        numel: u64,
+        /// Their type.
+        dtype: WireDType,
+        /// This rank's place in `ports`.
+        position: u32,
+        /// The ring ports of the group's ranks, in ring order.
+        ports: Vec<PortId>,
+        /// The most bytes of one chunk.
+        chunk_bytes: u64,
+        /// How many of this rank's own chunks may be ahead.
+        window: u32,
+        /// How long the whole run may take, in milliseconds.
+        timeout_ms: u64,
+    },
+}
+
+/// Every endpoint of [`RingCommand`], in the order of its variants.
+pub const RING_ENDPOINTS: [&str; 2] = ["tensor.ring_port", "tensor.ring_all_reduce"];
+
+impl RingCommand {
+    /// The endpoint this command is sent to.
+    pub fn endpoint(&self) -> &'static str {
+        match self {
+            RingCommand::Port => RING_ENDPOINTS[0],
+            RingCommand::AllReduce { .. } => RING_ENDPOINTS[1],
+        }
+    }
+
+    /// The command's archive.
+    pub fn encode(&self) -> Vec<u8> {
+        // Serializing into a Vec cannot fail: it only grows the Vec.
+        rkyv::api::high::to_bytes_in::<_, rancor::Error>(self, Vec::with_capacity(512))
+            .unwrap_or_default()
+    }
+
+    /// Validates an archive and decodes it.
+    pub fn decode(bytes: &[u8]) -> Result<RingCommand, String> {
+        <RingCommand as RemoteMessage>::decode(bytes)
+            .map_err(|e| format!("the message is not a valid tensor ring command: {e}"))
+    }
+}
+
+/// What one worker of a ring all-reduce sends the next one, to its ring
+/// port.
+#[derive(Debug, Clone, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub enum RingMessage {
+    /// Chunk `chunk` of step `step` of run `op`: steps `0 .. n - 1` are
+    /// the reduce-scatter (partial sums), steps `n - 1 .. 2 (n - 1)` the
+    /// all-gather (final sums); little-endian elements.
+    Chunk {
+        /// The run.
+        op: u64,
+        /// The step.
+        step: u32,
+        /// The chunk of the step's segment.
+        chunk: u64,
+        /// The elements.
+        bytes: Vec<u8>,
+    },
+    /// Run `op` failed for `reason`: stop, pass it on once, reply it.
+    Abort {
+        /// The run.
+        op: u64,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl RingMessage {
+    /// The run it belongs to.
+    pub fn op(&self) -> u64 {
+        match self {
+            RingMessage::Chunk { op, .. } | RingMessage::Abort { op, .. } => *op,
+        }
     }
 }
 

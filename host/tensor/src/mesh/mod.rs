@@ -37,14 +37,23 @@
 //!
 //! # All-reduce
 //!
-//! [`TensorMesh::all_reduce`] sums a tensor over one mesh dimension: for
-//! each group of ranks that differ only in that dimension, and for each
-//! chunk of the local tensor, a `fetch` is cast to the group with the
-//! dtype's elementwise reducer (`sum-f32s`, `sum-f64s`, `sum-i64s`,
-//! hyperactor-mesh's RD-5), so replies are summed at every hop of the
-//! multicast tree and one sum per chunk reaches the controller; a `write`
-//! casts it back to the group. It is one function so that a ring over
-//! RDMA can replace it.
+//! [`TensorMesh::all_reduce`] sums a tensor over one mesh dimension, for
+//! each group of ranks that differ only in that dimension, by one of two
+//! paths chosen by size:
+//!
+//! - **A ring of the workers** for CPU shards of at least
+//!   [`TensorMeshOptions::ring_min_bytes`] (256 KiB): the controller casts
+//!   one command to each rank of the group and the workers do the rest
+//!   among themselves, a reduce-scatter then an all-gather in chunks
+//!   (`worker/ring.rs`, RG-1..RG-4), each rank sending `2 (n - 1) / n` of
+//!   its shard to the next; none of the bulk bytes pass through the
+//!   controller. When a rank fails, the controller aborts its ring.
+//! - **The multicast tree** otherwise (small or device shards): for each
+//!   chunk of the local tensor, a `fetch` is cast to the group with the
+//!   dtype's elementwise reducer (`sum-f32s`, `sum-f64s`, `sum-i64s`,
+//!   hyperactor-mesh's RD-5), so replies are summed at every hop and one
+//!   sum per chunk reaches the controller; a `write` casts it back to the
+//!   group. Fewer hops than a ring, so less latency for small tensors.
 //!
 //! # Example
 //!

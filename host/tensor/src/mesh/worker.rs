@@ -29,6 +29,7 @@ use super::command::{ArchivedCommand, BinaryOp, Command, Init, UnaryOp};
 use super::sharding::{MeshShape, Sharding};
 use crate::{DType, Device, Tensor};
 
+mod ring;
 mod shard;
 
 /// The actor kind of tensor workers in a [`Registry`].
@@ -55,6 +56,9 @@ pub struct TensorWorker {
     tensors: HashMap<u64, Result<Tensor, String>>,
     /// Shards registered for RDMA transfers, by lease ([`shard`]).
     lent: HashMap<u64, shard::Lent>,
+    /// Where the rank before this one in a ring all-reduce sends its
+    /// chunks ([`ring`]); opened on the first ask.
+    ring: Option<ring::RingPort>,
 }
 
 impl Actor for TensorWorker {
@@ -67,7 +71,10 @@ impl Handler<MeshCall> for TensorWorker {
     async fn handle(&mut self, cx: &Context<Self>, call: MeshCall) -> anyhow::Result<()> {
         let reply = match self.call_shard(&call.endpoint, &call.message).await {
             Some(reply) => reply,
-            None => self.call(&call.endpoint, &call.message),
+            None => match self.call_ring(cx, &call.endpoint, &call.message).await {
+                Some(reply) => reply,
+                None => self.call(&call.endpoint, &call.message),
+            },
         };
         if let Err(error) = &reply {
             tracing::debug!(actor = %cx.actor_id(), endpoint = %call.endpoint, %error, "tensor command refused");
@@ -93,6 +100,7 @@ impl TensorWorker {
             mesh,
             tensors: HashMap::new(),
             lent: HashMap::new(),
+            ring: None,
         }
     }
 
