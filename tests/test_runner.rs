@@ -73,6 +73,18 @@ fn assert_all_pass(program: &str) {
 fn tt3_the_examples_tests_pass_and_exit_0() {
     assert_all_pass(env!("GUEST_HELLO"));
     assert_all_pass(env!("GUEST_COUNTER"));
+    assert_all_pass(env!("GUEST_PING_PONG"));
+    assert_all_pass(env!("GUEST_DATA_PARALLEL"));
+}
+
+/// Faults made on purpose (`monarch_guest::faults`): a crash, an exit and
+/// a lost host are each seen as `proc-lost` with their own reason; a
+/// delay slows the calls between two ranks until healed; dropped messages
+/// arrive once the network is back; a partitioned rank times out and
+/// answers once healed; faults outside the mesh are refused by name.
+#[test]
+fn faults_made_from_a_test_are_seen_as_the_real_ones() {
+    assert_all_pass(env!("GUEST_FAULTS"));
 }
 
 /// TT-2, TT-3: each failing test is reported with what it printed and

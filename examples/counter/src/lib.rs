@@ -231,6 +231,42 @@ async fn a_trapped_counter_is_reported_and_the_rest_carry_on() -> Result<(), Str
     Ok(())
 }
 
+/// A crashed proc takes its counter with it: the program hears of it,
+/// the other counters keep their counts, and a fresh proc mesh takes the
+/// lost one's place, restarted from what the survivors hold.
+#[monarch_guest::test]
+async fn a_killed_rank_is_reported_and_the_mesh_recovers() -> Result<(), String> {
+    use std::time::Duration;
+
+    use monarch_guest::faults::{self, KillMode};
+    use monarch_guest::{next_failure, timeout};
+
+    let procs = spawn_procs(&extent!(procs = 3))?;
+    let counters = procs.spawn::<Counter>("counters", &0)?;
+    assert_eq!(counters.call(&Add(7)).await?.values(), [7, 7, 7]);
+
+    faults::kill(&procs, 1, KillMode::Crash)?;
+    let failure = timeout(Duration::from_secs(20), next_failure())
+        .await
+        .map_err(|_| "the lost counter was not reported within 20 s")?;
+    assert_eq!(
+        (failure.mesh.as_str(), failure.rank, failure.kind),
+        ("counters", 1, ErrorKind::ProcLost),
+        "{failure}"
+    );
+    let err = counters.at("procs", 1)?.call_one(&Get).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ProcLost, "{err}");
+
+    // Recovery: the survivors' count seeds a fresh mesh on fresh procs.
+    let survivor = counters.at("procs", 0)?.call_one(&Get).await?;
+    let fresh_procs = spawn_procs(&extent!(procs = 3))?;
+    let fresh = fresh_procs.spawn::<Counter>("counters-2", &survivor)?;
+    assert_eq!(fresh.call(&Add(1)).await?.values(), [8, 8, 8]);
+    procs.stop();
+    fresh_procs.stop();
+    Ok(())
+}
+
 monarch_guest::program! {
     main: main,
     actors: [Counter],

@@ -158,6 +158,30 @@ async fn main(args: Vec<String>) -> Result<(), String> {
     Ok(())
 }
 
+fn args(text: &str) -> Vec<String> {
+    text.split_whitespace().map(String::from).collect()
+}
+
+#[monarch_guest::test]
+async fn training_over_two_procs_lowers_the_loss_every_step() -> Result<(), String> {
+    // main fails unless the loss fell every step and w was learned.
+    main(args("--procs 2 --steps 6 --rows 512")).await
+}
+
+#[monarch_guest::test]
+async fn bad_options_are_refused_by_name() -> Result<(), String> {
+    let err = main(args("--procs 0")).await.unwrap_err();
+    assert!(err.contains("--procs, --steps and --features"), "{err}");
+    let err = main(args("--rows 2 --procs 4")).await.unwrap_err();
+    assert!(
+        err.contains("--rows (2) must be at least --procs (4)"),
+        "{err}"
+    );
+    let err = main(args("--steps many")).await.unwrap_err();
+    assert!(err.contains("`many` is not a valid number"), "{err}");
+    Ok(())
+}
+
 monarch_guest::program! {
     main: main,
 }

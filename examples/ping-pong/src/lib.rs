@@ -133,6 +133,38 @@ async fn main(_args: Vec<String>) -> Result<(), String> {
     Ok(())
 }
 
+#[monarch_guest::test]
+async fn each_pinger_hits_its_own_ponger_every_round() -> Result<(), String> {
+    let procs = spawn_procs(&extent!(procs = PROCS))?;
+    let pingers = procs.spawn::<Pinger>("pingers", &())?;
+    let pongers = procs.spawn::<Ponger>("pongers", &())?;
+    let serve = Serve {
+        partner: pongers.to_ref(),
+        rounds: 4,
+    };
+    assert_eq!(pingers.call(&serve).await?.values(), [4, 4]);
+    assert_eq!(pongers.call(&Hits).await?.values(), [4, 4]);
+    procs.stop();
+    Ok(())
+}
+
+#[monarch_guest::test]
+async fn a_ping_from_another_rank_is_an_endpoint_error() -> Result<(), String> {
+    let procs = spawn_procs(&extent!(procs = PROCS))?;
+    let pongers = procs.spawn::<Ponger>("pongers", &())?;
+    let err = pongers
+        .at("procs", 1)?
+        .call_one(&Ping { from: 0 })
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Endpoint, "{err}");
+    assert_eq!(err.message(), "ponger 1 was hit by pinger 0");
+    // The ponger lives on and counted nothing.
+    assert_eq!(pongers.sum_i64(&Hits).await?, 0);
+    procs.stop();
+    Ok(())
+}
+
 monarch_guest::program! {
     main: main,
     actors: [Pinger, Ponger],

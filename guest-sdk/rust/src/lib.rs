@@ -184,6 +184,7 @@ pub mod debug;
 mod error;
 mod executor;
 mod extent;
+pub mod faults;
 pub mod log;
 mod mesh;
 mod program;

@@ -57,6 +57,7 @@ pub mod failure;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod id;
+mod impair;
 pub mod mailbox;
 pub mod message;
 pub mod proc;

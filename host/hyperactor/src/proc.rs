@@ -69,6 +69,7 @@ use crate::channel::transport::{Conn, Listener, ReadHalf, WriteHalf};
 use crate::channel::{ChannelAddr, ChannelStats};
 use crate::failure::{ActorSupervisionEvent, DeliveryFailure, Undeliverable};
 use crate::id::{ActorId, ArchivedPortId, IdParseError, PortId, ProcId, validate_name};
+use crate::impair::{Admit, Held, Impairments};
 use crate::mailbox::{Backlog, Mailbox, MailboxEntry, Meta, Payload, TypeName, UNDELIVERABLE_PORT};
 use crate::message::{
     ArchivedBody, ArchivedEnvelope, Body, Envelope, RemoteMessage, encode_envelope,
@@ -327,6 +328,22 @@ pub(crate) struct ProcInner {
     /// Whether connections may busy-poll ([`Proc::set_busy_poll`]).
     polling: Arc<AtomicBool>,
     shutdown: watch::Sender<bool>,
+    /// Faults made on purpose to the messages it sends ([`Proc::cut_to`]).
+    impairments: Impairments,
+}
+
+impl ProcInner {
+    pub(crate) fn runtime_handle(&self) -> &tokio::runtime::Handle {
+        &self.runtime
+    }
+
+    pub(crate) fn config_ref(&self) -> &ProcConfig {
+        &self.config
+    }
+
+    pub(crate) fn impairments(&self) -> &Impairments {
+        &self.impairments
+    }
 }
 
 impl Drop for ProcInner {
@@ -382,6 +399,7 @@ impl Proc {
             stats: Arc::default(),
             polling: Arc::new(AtomicBool::new(true)),
             shutdown: watch::Sender::new(false),
+            impairments: Impairments::default(),
         });
         let shutdown = inner.shutdown.subscribe();
         if let ChannelAddr::Local(name) = inner.id.addr() {
@@ -395,6 +413,37 @@ impl Proc {
         inner.runtime.spawn(session_sweeper(Arc::downgrade(&inner)));
         tracing::debug!(proc = %inner.id, "serving");
         Ok(Proc(inner))
+    }
+
+    pub(crate) fn from_inner(inner: Arc<ProcInner>) -> Proc {
+        Proc(inner)
+    }
+
+    /// Delays every message this proc sends to the proc at `peer` by
+    /// `delay`, for `duration` from now, keeping their order (IM-1, IM-2
+    /// in `impair.rs`): half of a slow network between two procs, made on
+    /// purpose; the peer's [`Proc::delay_to`] this proc is the other half.
+    pub fn delay_to(&self, peer: &ChannelAddr, delay: Duration, duration: Duration) {
+        self.0.impairments.delay(peer, delay, duration);
+    }
+
+    /// Holds every message this proc sends to the proc at `peer` for
+    /// `duration` from now, as a link holds them while it cannot connect;
+    /// one held past the delivery timeout fails as undeliverable (IM-3):
+    /// half of a network cut made on purpose.
+    pub fn cut_to(&self, peer: &ChannelAddr, duration: Duration) {
+        self.0.impairments.cut(peer, duration);
+    }
+
+    /// Ends the delays and cuts to `peer` (every peer: None) now; what
+    /// they held goes on at once, in order (IM-4).
+    pub fn heal_to(&self, peer: Option<&ChannelAddr>) {
+        self.0.impairments.heal(peer);
+    }
+
+    /// The peers this proc's messages to are delayed or cut now.
+    pub fn impaired_peers(&self) -> Vec<ChannelAddr> {
+        self.0.impairments.impaired_peers()
     }
 
     /// This proc's id; its address is where other procs reach it.
@@ -611,6 +660,34 @@ impl Proc {
     /// Sends `message` from `sender` to `dest`; `return_port` is the port
     /// waiting for its reply, failed if the message is not delivered.
     pub(crate) fn post<M: RemoteMessage>(
+        &self,
+        sender: &ActorId,
+        dest: &PortId,
+        message: M,
+        return_port: Option<PortId>,
+    ) {
+        if self.0.impairments.active() {
+            let to = dest.actor_id().proc_id();
+            if !to.same(&self.0.id) {
+                let (from, port) = (sender.clone(), dest.clone());
+                let held: Held = Box::new(move |proc, failure| match failure {
+                    None => proc.post_now(&from, &port, message, return_port),
+                    Some(failure) => {
+                        let meta = meta_for::<M>(&from, &port, return_port);
+                        proc.fail_delivery(&meta, failure);
+                    }
+                });
+                if let Admit::Now(held) = self.0.impairments.admit(&self.0, to.addr(), held) {
+                    held(self, None);
+                }
+                return;
+            }
+        }
+        self.post_now(sender, dest, message, return_port);
+    }
+
+    /// [`Proc::post`] past the impairments.
+    fn post_now<M: RemoteMessage>(
         &self,
         sender: &ActorId,
         dest: &PortId,
@@ -2597,6 +2674,114 @@ mod tests {
             off.came(us(80));
         }
         assert_eq!(off.budget(), Duration::ZERO);
+    }
+    /// A call from `client` to `echo` that must come back; how long it took.
+    async fn echo_time(echo: &ActorRef<EchoActor>, client: &Mailbox) -> Duration {
+        let started = std::time::Instant::now();
+        echo.call(client, |reply| Echo {
+            payload: b"ping".to_vec(),
+            reply,
+        })
+        .await
+        .expect("the echo answers");
+        started.elapsed()
+    }
+
+    /// IM-1, IM-2: a cut holds what a proc sends to its peer until the
+    /// cut ends, then delivers all of it, in order and once, over a link
+    /// (Unix sockets) and between in-process procs alike.
+    #[tokio::test]
+    async fn im1_a_cut_holds_messages_until_it_ends_then_delivers_them_in_order() {
+        let (a, b, _, echo_b, client_a, _) = pair("im1").await;
+        let (la, lb) = (local("im1a").await, local("im1b").await);
+        let echo_lb = lb.spawn("echo", 0, EchoActor::default()).unwrap().bind();
+        let (client_la, _) = la.attach("client").unwrap();
+        for (from, to, echo, client) in [
+            (&a, &b, &echo_b, &client_a),
+            (&la, &lb, &echo_lb, &client_la),
+        ] {
+            echo_time(echo, client).await;
+            let cut = Duration::from_millis(300);
+            from.cut_to(to.id().addr(), cut);
+            assert_eq!(from.impaired_peers(), vec![to.id().addr().clone()]);
+            let started = std::time::Instant::now();
+            for seq in 0..1000 {
+                echo.send(client, Numbered { stream: 7, seq });
+            }
+            let stats = echo
+                .call(client, |reply| StreamReport { stream: 7, reply })
+                .await
+                .unwrap();
+            assert!(started.elapsed() >= cut, "held for the cut");
+            assert_eq!((stats.received, stats.out_of_order), (1000, 0));
+            // Over: messages go at once again, and nothing is left impaired.
+            assert!(echo_time(echo, client).await < Duration::from_millis(200));
+            assert!(from.impaired_peers().is_empty());
+        }
+    }
+
+    /// IM-1: a delay adds itself to each message for as long as it lasts,
+    /// and only in the direction it was made.
+    #[tokio::test]
+    async fn im1_a_delay_slows_one_direction_for_its_duration() {
+        let (a, b, _, echo_b, client_a, _) = pair("im1d").await;
+        echo_time(&echo_b, &client_a).await;
+        let delay = Duration::from_millis(300);
+        a.delay_to(b.id().addr(), delay, Duration::from_millis(1000));
+        for _ in 0..2 {
+            // The request waits; the reply, from b to a, does not.
+            let took = echo_time(&echo_b, &client_a).await;
+            assert!(
+                (delay..delay * 2).contains(&took),
+                "a to b is delayed once: {took:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(echo_time(&echo_b, &client_a).await < Duration::from_millis(250));
+    }
+
+    /// IM-3: a message held past the delivery timeout fails as
+    /// undeliverable, as over a real cut; IM-4: healing sends the rest at
+    /// once.
+    #[tokio::test]
+    async fn im3_a_cut_past_the_delivery_timeout_fails_the_call_and_heal_ends_it() {
+        let (a, b, _, echo_b, client_a, _) = pair("im3").await;
+        echo_time(&echo_b, &client_a).await;
+        // quick(): a delivery timeout of 500 ms.
+        a.cut_to(b.id().addr(), Duration::from_secs(30));
+        let started = std::time::Instant::now();
+        let failed = echo_b
+            .call(&client_a, |reply| Echo {
+                payload: vec![],
+                reply,
+            })
+            .await
+            .expect_err("held past the delivery timeout");
+        let took = started.elapsed();
+        assert!(
+            matches!(
+                failed,
+                CallError::Undeliverable(DeliveryFailure::Unreachable { .. })
+            ),
+            "{failed}"
+        );
+        assert!(failed.to_string().contains("on purpose"), "{failed}");
+        assert!(
+            (Duration::from_millis(450)..Duration::from_secs(5)).contains(&took),
+            "fails at the delivery timeout: {took:?}"
+        );
+        // Still cut: a new call waits; healing lets it through at once.
+        let call = {
+            let (echo, client) = (echo_b.clone(), client_a.clone());
+            tokio::spawn(async move { echo_time(&echo, &client).await })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        a.heal_to(None);
+        let took = tokio::time::timeout(Duration::from_secs(2), call)
+            .await
+            .expect("healing sends what the cut held")
+            .unwrap();
+        assert!(took < Duration::from_millis(450), "{took:?}");
     }
 }
 

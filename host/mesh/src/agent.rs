@@ -17,6 +17,10 @@
 //!   actors are doing) is answered beside the agent's other work, so a
 //!   slow answer holds up no spawn or stop; a proc whose embedding set no
 //!   hook ([`Registry::on_probe`]) answers with an error.
+//! - PA-5: faults made on purpose ([`Impair`], [`ExitProc`]) are answered
+//!   before they act, and a heal after it acts, so no answer is held by
+//!   the fault it is about;
+//!   only a proc that owns its process ([`Registry::owns_process`]) exits.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -159,6 +163,7 @@ pub struct Registry {
     blob_dir: PathBuf,
     blob_hook: Option<BlobHook>,
     probe_hook: Option<ProbeHook>,
+    owns_process: bool,
 }
 
 impl Registry {
@@ -169,6 +174,7 @@ impl Registry {
             blob_dir,
             blob_hook: None,
             probe_hook: None,
+            owns_process: false,
         }
     }
 
@@ -187,6 +193,14 @@ impl Registry {
     /// Sets how this process's procs answer probes of their actors (PA-4).
     pub fn on_probe(&mut self, hook: ProbeHook) -> &mut Self {
         self.probe_hook = Some(hook);
+        self
+    }
+
+    /// Says that each proc of this registry is alone in its OS process
+    /// (a child proc, [`crate::alloc::bootstrap_main`]), so that it may
+    /// exit when asked to ([`ExitProc`], PA-5).
+    pub fn owns_process(&mut self) -> &mut Self {
+        self.owns_process = true;
         self
     }
 
@@ -288,6 +302,66 @@ pub struct ProbeActors {
 }
 
 /// The proc agent; see the module docs.
+/// A network fault between this proc and others, made on purpose.
+#[derive(Debug, Clone, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub enum NetFault {
+    /// Messages to the peers arrive `delay_ms` late, for `duration_ms`.
+    Delay {
+        /// The added delay.
+        delay_ms: u64,
+        /// How long it lasts.
+        duration_ms: u64,
+    },
+    /// Messages to the peers are held for `duration_ms`, as over a cut.
+    Cut {
+        /// How long it lasts.
+        duration_ms: u64,
+    },
+    /// The delays and cuts to the peers end now.
+    Heal,
+}
+
+/// Makes `fault` on the messages this proc sends to `peers` (proc
+/// addresses); answered first (PA-5).
+#[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct Impair {
+    /// The peers' addresses.
+    pub peers: Vec<String>,
+    /// The fault.
+    pub fault: NetFault,
+    /// Ok once made; an error names a bad address.
+    pub reply: OncePortRef<Result<(), String>>,
+}
+
+/// Makes this proc's process exit with `code`, as if its main returned;
+/// answered first (PA-5).
+#[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct ExitProc {
+    /// The exit status.
+    pub code: i32,
+    /// Ok: it exits now; an error says why it cannot.
+    pub reply: OncePortRef<Result<(), String>>,
+}
+
+/// Applies `fault` to what `proc` sends to each of `peers`.
+pub fn impair(proc: &Proc, peers: &[hyperactor::ChannelAddr], fault: &NetFault) {
+    use std::time::Duration;
+    for peer in peers {
+        match fault {
+            NetFault::Delay {
+                delay_ms,
+                duration_ms,
+            } => proc.delay_to(
+                peer,
+                Duration::from_millis(*delay_ms),
+                Duration::from_millis(*duration_ms),
+            ),
+            NetFault::Cut { duration_ms } => proc.cut_to(peer, Duration::from_millis(*duration_ms)),
+            NetFault::Heal => proc.heal_to(Some(peer)),
+        }
+    }
+}
+
 pub struct ProcAgent {
     registry: Arc<Registry>,
     events: PortRef<MeshEvent>,
@@ -311,7 +385,9 @@ impl Actor for ProcAgent {
             .handle::<SpawnActors>()
             .handle::<StopActors>()
             .handle::<PutBlob>()
-            .handle::<ProbeActors>();
+            .handle::<ProbeActors>()
+            .handle::<Impair>()
+            .handle::<ExitProc>();
     }
 }
 
@@ -423,6 +499,53 @@ impl Handler<ProbeActors> for ProcAgent {
 
 /// Makes `proc` a mesh proc: starts its agent and comm actor, and reports
 /// the failures of its root actors to `events` (PA-3).
+impl Handler<Impair> for ProcAgent {
+    async fn handle(&mut self, cx: &Context<Self>, request: Impair) -> anyhow::Result<()> {
+        let peers: Result<Vec<hyperactor::ChannelAddr>, String> = request
+            .peers
+            .iter()
+            .map(|p| {
+                p.parse()
+                    .map_err(|e| format!("bad peer address `{p}`: {e}"))
+            })
+            .collect();
+        match peers {
+            // A heal acts first: the answer would be held by the cut.
+            Ok(peers) if request.fault == NetFault::Heal => {
+                impair(cx.proc(), &peers, &request.fault);
+                request.reply.send(cx, Ok(()));
+            }
+            Ok(peers) => {
+                request.reply.send(cx, Ok(()));
+                impair(cx.proc(), &peers, &request.fault);
+            }
+            Err(e) => request.reply.send(cx, Err(e)),
+        }
+        Ok(())
+    }
+}
+
+impl Handler<ExitProc> for ProcAgent {
+    async fn handle(&mut self, cx: &Context<Self>, request: ExitProc) -> anyhow::Result<()> {
+        if !self.registry.owns_process {
+            request.reply.send(
+                cx,
+                Err("this proc shares its process with others and cannot exit alone".into()),
+            );
+            return Ok(());
+        }
+        request.reply.send(cx, Ok(()));
+        let code = request.code;
+        tokio::spawn(async move {
+            // The answer leaves first (PA-5).
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            tracing::info!(code, "exiting on purpose (a fault a program made)");
+            std::process::exit(code);
+        });
+        Ok(())
+    }
+}
+
 pub fn start_mesh_proc(
     proc: &Proc,
     registry: Arc<Registry>,

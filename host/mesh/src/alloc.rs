@@ -701,7 +701,9 @@ pub async fn bootstrap_main(
     if let Some(dir) = &config.tls_dir {
         hyperactor::channel::tls::install(hyperactor::channel::tls::TlsConfig::from_dir(dir)?)?;
     }
-    let registry = Arc::new(make_registry(&config));
+    let mut registry = make_registry(&config);
+    registry.owns_process();
+    let registry = Arc::new(registry);
     let proc_config = hyperactor::ProcConfig {
         busy_poll: Duration::from_micros(config.busy_poll_us),
         cluster_token: config

@@ -22,7 +22,9 @@ use hyperactor::{ChannelAddr, Mailbox, PortRef, Proc, ProcConfig, ProcId};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
-use crate::agent::{MeshEvent, ProbeActors, SpawnActors, StopActors, agent_port};
+use crate::agent::{
+    ExitProc, Impair, MeshEvent, NetFault, ProbeActors, SpawnActors, StopActors, agent_port,
+};
 use crate::alloc::{AllocError, Allocated, Allocator};
 use crate::comm::{ProcDied, comm_port};
 
@@ -42,6 +44,9 @@ struct ClientState {
     subscribers: Vec<mpsc::UnboundedSender<MeshEvent>>,
     /// Procs their owner stopped: their ends are not failures.
     stopping: HashSet<ProcId>,
+    /// Procs ended with their host on purpose ([`MeshClient::lose_host`]):
+    /// their end is reported with this reason.
+    lost: HashMap<ProcId, String>,
     blobs: HashSet<String>,
     next_proc: usize,
 }
@@ -371,6 +376,120 @@ impl MeshClient {
         self.allocator.kill(proc, signal)
     }
 
+    /// Makes `fault` between the procs of each pair, both ways (either may
+    /// be this client's own proc): each proc holds or delays what it sends
+    /// to the other (hyperactor's `Proc::cut_to`). A fault is in place in
+    /// both procs when this returns; an error names a proc that did not
+    /// answer within `timeout` or has ended.
+    pub async fn impair(
+        &self,
+        pairs: &[(ProcId, ProcId)],
+        fault: NetFault,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        let mut peers: HashMap<ProcId, Vec<ChannelAddr>> = HashMap::new();
+        for (a, b) in pairs {
+            if a == b {
+                continue;
+            }
+            peers.entry(a.clone()).or_default().push(b.addr().clone());
+            peers.entry(b.clone()).or_default().push(a.addr().clone());
+        }
+        let own = self.proc.id().clone();
+        let mine = peers.remove(&own);
+        let dead = self.dead_procs();
+        if let Some(proc) = peers.keys().find(|p| dead.contains_key(*p)) {
+            return Err(format!("proc {proc} has ended ({})", dead[proc]));
+        }
+        // A heal starts here, so that the requests to heal are not held by
+        // this proc's own cuts; a cut or delay ends here, so that they are
+        // not held either (the procs answer outside their faults, PA-5).
+        let heal = fault == NetFault::Heal;
+        if heal && let Some(mine) = &mine {
+            crate::agent::impair(&self.proc, mine, &fault);
+        }
+        let calls = peers.into_iter().map(|(proc, addrs)| {
+            let port = agent_port::<Impair>(&proc);
+            let fault = fault.clone();
+            let peers = addrs.iter().map(|a| a.to_string()).collect();
+            let reply = port.map(|port| {
+                self.mailbox
+                    .start_call(port.id(), |reply| Impair {
+                        peers,
+                        fault,
+                        reply,
+                    })
+                    .recv_timeout(timeout)
+            });
+            async move {
+                match reply {
+                    None => Err(format!("proc {proc} has no valid agent name")),
+                    Some(reply) => match reply.await {
+                        Ok(answer) => answer.map_err(|e| format!("proc {proc}: {e}")),
+                        Err(e) => Err(format!("proc {proc} did not answer: {e}")),
+                    },
+                }
+            }
+        });
+        let answers = futures::future::join_all(calls).await;
+        if !heal && let Some(mine) = &mine {
+            crate::agent::impair(&self.proc, mine, &fault);
+        }
+        answers.into_iter().collect::<Result<Vec<()>, String>>()?;
+        Ok(())
+    }
+
+    /// Makes `proc` exit by itself with status 0, as if its main returned:
+    /// its end is reported as a failure, as any end its owner did not ask
+    /// for. Only a proc alone in its process can (not one inside this
+    /// process).
+    pub async fn exit_proc(&self, proc: &ProcId, timeout: Duration) -> Result<(), String> {
+        let port = agent_port::<ExitProc>(proc)
+            .ok_or_else(|| format!("proc {proc} has no valid agent name"))?;
+        match self
+            .mailbox
+            .start_call(port.id(), |reply| ExitProc { code: 0, reply })
+            .recv_timeout(timeout)
+            .await
+        {
+            Ok(answer) => answer.map_err(|e| format!("proc {proc}: {e}")),
+            Err(e) => Err(format!("proc {proc} did not answer: {e}")),
+        }
+    }
+
+    /// Loses the host of `proc`, on purpose: every live proc this client
+    /// started on that host is killed at once, and reported "lost with
+    /// its host" as when a host's agent stops answering. The procs lost.
+    pub fn lose_host(&self, proc: &ProcId) -> Result<Vec<ProcId>, AllocError> {
+        let doomed: Vec<ProcId> = {
+            let mut state = self.state.lock();
+            let host = state
+                .procs
+                .iter()
+                .find(|p| &p.proc == proc)
+                .map(|p| p.host)
+                .ok_or_else(|| AllocError(format!("proc {proc} was not started here")))?;
+            let name = self.allocator.host_name(host);
+            let doomed: Vec<ProcId> = state
+                .procs
+                .iter()
+                .filter(|p| p.host == host && !state.dead.contains_key(&p.proc))
+                .map(|p| p.proc.clone())
+                .collect();
+            for p in &doomed {
+                state.lost.insert(
+                    p.clone(),
+                    format!("lost with its host {name} (a fault made on purpose)"),
+                );
+            }
+            doomed
+        };
+        for p in &doomed {
+            self.allocator.kill(p, libc::SIGKILL)?;
+        }
+        Ok(doomed)
+    }
+
     /// Stops `procs` (their owner is done with them): they end without
     /// failure events, and refuse new actors.
     pub fn stop_procs(&self, procs: &[ProcId]) {
@@ -394,9 +513,10 @@ fn handle_event(
     mailbox: &Mailbox,
     state: &Arc<Mutex<ClientState>>,
     log: &LogSink,
-    event: MeshEvent,
+    mut event: MeshEvent,
 ) {
     let mut state = state.lock();
+    let mut lost_reason = None;
     match &event {
         MeshEvent::Log { line } => {
             log(line);
@@ -409,6 +529,9 @@ fn handle_event(
             let stopped = state.stopping.remove(proc);
             let reason = if stopped {
                 crate::comm::STOPPED_BY_OWNER.to_string()
+            } else if let Some(lost) = state.lost.remove(proc) {
+                lost_reason = Some(lost.clone());
+                lost
             } else {
                 reason.clone()
             };
@@ -439,6 +562,9 @@ fn handle_event(
             }
         }
         MeshEvent::ActorFailed { .. } => {}
+    }
+    if let (Some(lost), MeshEvent::ProcStopped { reason, .. }) = (lost_reason, &mut event) {
+        *reason = lost;
     }
     state
         .subscribers

@@ -63,6 +63,7 @@ use crate::mesh::{
 use crate::output::LineOutput;
 
 mod data_plane;
+mod faults;
 
 /// Where log lines of guests go.
 pub type LogSink = Arc<dyn Fn(&str) + Send + Sync>;
