@@ -189,6 +189,25 @@ fn failing_tests() {
     run.assert_logged("failing-tests has only tests");
 }
 
+/// faults: a program of tests that make faults on purpose
+/// (`tests/test_runner.rs` runs them, in real and simulated mode); its
+/// main only says so.
+#[test]
+fn faults() {
+    let run = run(Path::new(env!("GUEST_FAULTS")), &[], sandbox());
+    run.assert_ok();
+    run.assert_logged("faults has only tests");
+}
+
+/// racy: a racy test and its fix, for `monarch-host test --sim`
+/// (`tests/test_runner.rs`); its main only says so.
+#[test]
+fn racy() {
+    let run = run(Path::new(env!("GUEST_RACY")), &[], sandbox());
+    run.assert_ok();
+    run.assert_logged("racy has only tests");
+}
+
 /// ping-pong: two pingers hit their pongers three times each, awaiting the
 /// replies inside their handlers; the pongers counted six hits in all.
 #[test]

@@ -3,14 +3,16 @@
 //! way a test can, is reported test by test with what each printed and
 //! why it failed (TT-2); the exit status says which (TT-3); `--filter`,
 //! `--jobs` and `--timeout` do what they say; `--junit` writes a report a
-//! CI server reads (TT-4).
+//! CI server reads (TT-4); faults made from tests are seen as real ones,
+//! and `--sim` finds a racy test's failing seed and replays it with the
+//! same trace (TS-1, TS-2).
 
 #[path = "support/cli.rs"]
 mod cli;
 
 use std::time::Duration;
 
-use cli::{Command, monarch_host_command};
+use cli::{Command, assert_junit_validates, monarch_host_command, test_report};
 
 /// Long enough for a debug build to compile a program into a cold cache
 /// and run its tests on a busy machine.
@@ -27,22 +29,6 @@ fn stdout_text(run: &Command) -> String {
     run.stdout
         .iter()
         .map(|(_, line)| format!("{line}\n"))
-        .collect()
-}
-
-/// The report of the failed test `name`: the lines from `---- name ----`
-/// to the next such heading or the `failures:` list.
-fn section(run: &Command, name: &str) -> String {
-    let heading = format!("---- {name} ----");
-    let lines: Vec<&str> = run.stdout.iter().map(|(_, l)| l.as_str()).collect();
-    let start = lines
-        .iter()
-        .position(|l| *l == heading)
-        .unwrap_or_else(|| panic!("no report of {name}:\n{run:?}"));
-    lines[start + 1..]
-        .iter()
-        .take_while(|l| !l.starts_with("---- ") && **l != "failures:")
-        .map(|l| format!("{l}\n"))
         .collect()
 }
 
@@ -113,7 +99,7 @@ fn tt2_failing_tests_are_reported_with_their_output_and_why() {
         "{run:?}"
     );
 
-    let panicked = section(&run, "panics_on_an_assertion");
+    let panicked = test_report(&run, "panics_on_an_assertion");
     for needle in [
         "panicked at",
         "lib.rs:",
@@ -127,7 +113,7 @@ fn tt2_failing_tests_are_reported_with_their_output_and_why() {
         panicked.contains("\nthe test panicked at ") && panicked.contains("lib.rs:"),
         "after its output, the report says first that it panicked, and where:\n{panicked}"
     );
-    let errored = section(&run, "returns_an_error");
+    let errored = test_report(&run, "returns_an_error");
     let said = errored
         .find("returns_an_error says hello")
         .unwrap_or_else(|| panic!("its stdout is in its report:\n{errored}"));
@@ -143,7 +129,7 @@ fn tt2_failing_tests_are_reported_with_their_output_and_why() {
         !errored.contains("left: 2"),
         "another test's output stays out of it:\n{errored}"
     );
-    let hung = section(&run, "never_finishes");
+    let hung = test_report(&run, "never_finishes");
     assert!(hung.contains("timed out after 10 s"), "{hung}");
     assert!(
         !stdout_text(&run).contains("---- passes ----"),
@@ -186,7 +172,7 @@ fn filter_narrows_and_timeout_ends_a_test_that_never_finishes() {
     assert_eq!(run.after("running "), "1 test", "{run:?}");
     assert_eq!(run.lines_with(" ... "), ["test never_finishes ... FAILED"]);
     assert!(
-        section(&run, "never_finishes").contains("timed out after 2 s"),
+        test_report(&run, "never_finishes").contains("timed out after 2 s"),
         "{run:?}"
     );
     assert!(
@@ -282,11 +268,11 @@ fn tt4_jobs_give_the_same_verdicts_and_junit_writes_a_report() {
     );
     let xml = std::fs::read_to_string(&report).expect("the JUnit report");
     assert_well_formed(&xml);
-    assert_valid_junit(&report, true);
+    assert_junit_validates(&report, true);
     // The schema check can fail: a test case without its name does.
     let broken = dir.join("broken.xml");
     std::fs::write(&broken, xml.replacen(" name=\"passes\"", "", 1)).expect("a broken copy");
-    assert_valid_junit(&broken, false);
+    assert_junit_validates(&broken, false);
     std::fs::remove_file(&broken).expect("removed");
     assert!(
         xml.contains(
@@ -327,7 +313,7 @@ fn tt3_what_has_no_tests_exits_2_with_a_clear_error() {
     assert_eq!(run.code, Some(2), "{run:?}");
     assert!(
         run.stderr.contains(
-            "has no tests: it does not export monarch:host/tests (build it with the Rust SDK's #[monarch_guest::test])"
+            "has no tests: it does not export monarch:host/tests (build it with the Rust SDK's #[monarch_guest::test], or write a Python script's `test_*` functions)"
         ),
         "{run:?}"
     );
@@ -352,28 +338,113 @@ fn tt3_what_has_no_tests_exits_2_with_a_clear_error() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Validates a JUnit report against `tests/junit.xsd` (the structure CI
-/// servers read) with xmllint, which `scripts/setup` installs; without
-/// it, says so and checks nothing more.
-fn assert_valid_junit(report: &std::path::Path, valid: bool) {
-    let xmllint = std::path::Path::new("/usr/bin/xmllint");
-    if !xmllint.exists() {
-        eprintln!(
-            "xmllint is missing (apt-get install libxml2-utils): the schema check is skipped"
-        );
-        return;
-    }
-    let schema = concat!(env!("CARGO_MANIFEST_DIR"), "/junit.xsd");
-    let out = std::process::Command::new(xmllint)
-        .args(["--noout", "--schema", schema])
-        .arg(report)
-        .output()
-        .expect("run xmllint");
-    assert_eq!(
-        out.status.success(),
-        valid,
-        "xmllint on {}: {}",
-        report.display(),
-        String::from_utf8_lossy(&out.stderr)
+/// The lines a simulated run printed, less the one that says how long it
+/// took in real time: what must be identical from one run to the next.
+fn simulated_output(run: &Command) -> Vec<String> {
+    run.stdout
+        .iter()
+        .map(|(_, line)| line.clone())
+        .filter(|line| !line.starts_with("test result: "))
+        .collect()
+}
+
+/// TS-1, TS-2 (sim): the racy program's racy test fails under a seed
+/// within 1,000; the report names that seed with the command that replays
+/// it; replayed twice, it fails the same way with byte-identical traces;
+/// its fixed twin passes under all 1,000 seeds.
+#[test]
+fn sim_finds_the_racy_seed_and_its_replay_is_identical() {
+    let racy = env!("GUEST_RACY");
+    let told = "the_first_writer_told_claims_the_name";
+    let run = test_command(&[racy, "--sim", "--seeds", "1..1000", "--filter", told]);
+    assert_eq!(run.code, Some(1), "{run:?}");
+    let seed: u64 = run
+        .after(&format!("test {told} ... FAILED (seed "))
+        .trim_end_matches(')')
+        .parse()
+        .unwrap_or_else(|_| panic!("no failing seed named:\n{run:?}"));
+    assert!((1..=1000).contains(&seed));
+    let report = test_report(&run, told);
+    assert!(
+        report.contains("writer 0 was told first, so it should have claimed first"),
+        "{report}"
     );
+    let replay = format!("--sim --seed {seed} --filter {told} --trace");
+    assert!(report.contains(&replay), "{report}");
+
+    let seed = seed.to_string();
+    let again = || test_command(&[racy, "--sim", "--seed", &seed, "--filter", told, "--trace"]);
+    let (first, second) = (again(), again());
+    assert_eq!(first.code, Some(1), "{first:?}");
+    let output = simulated_output(&first);
+    let deliveries = output.iter().filter(|l| l.contains(" ms  ")).count();
+    assert!(
+        deliveries >= 10,
+        "the trace shows the deliveries:\n{first:?}"
+    );
+    // Both writers' claims travel to the registry's proc.
+    for writer in ["proc1/writers[0] -> proc0/", "proc2/writers[1] -> proc0/"] {
+        assert!(
+            output.iter().any(|l| l.contains(writer)),
+            "{writer} is in the trace:\n{first:?}"
+        );
+    }
+    assert_eq!(
+        output,
+        simulated_output(&second),
+        "TS-1: one seed, one trace"
+    );
+
+    let fixed = test_command(&[
+        racy,
+        "--sim",
+        "--seeds",
+        "1..1000",
+        "--filter",
+        "the_first_writer_done_claims_the_name",
+    ]);
+    assert_eq!(fixed.code, Some(0), "{fixed:?}");
+    assert_eq!(
+        fixed
+            .lines_with("the_first_writer_done_claims_the_name ... ok (1000 seeds)")
+            .len(),
+        1,
+        "{fixed:?}"
+    );
+}
+
+/// Faults under simulation: the fault tests pass under every seed tried,
+/// the counter example's (one kills a rank) too, and one seed's whole
+/// output, traces included, is the same run after run.
+#[test]
+fn sim_runs_faults_the_same_way_every_time() {
+    for program in [env!("GUEST_FAULTS"), env!("GUEST_COUNTER")] {
+        let run = test_command(&[program, "--sim", "--seeds", "1..20"]);
+        assert_eq!(run.code, Some(0), "{run:?}");
+        assert!(run.lines_with("... ok (20 seeds)").len() >= 4, "{run:?}");
+    }
+    let traced = || test_command(&[env!("GUEST_FAULTS"), "--sim", "--seed", "7", "--trace"]);
+    let (first, second) = (traced(), traced());
+    assert_eq!(first.code, Some(0), "{first:?}");
+    assert!(
+        first.lines_with("hyperactor_mesh::agent::Impair").len() >= 3,
+        "the faults' requests are in the trace:\n{first:?}"
+    );
+    assert_eq!(simulated_output(&first), simulated_output(&second));
+}
+
+/// Flags that need `--sim`, and seeds that are not seeds, exit 2.
+#[test]
+fn sim_flags_are_checked() {
+    let racy = env!("GUEST_RACY");
+    for args in [
+        vec![racy, "--seed", "3"],
+        vec![racy, "--trace"],
+        vec![racy, "--sim", "--seeds", "9..2"],
+        vec![racy, "--sim", "--seeds", "x..2"],
+        vec![racy, "--sim", "--seed", "1", "--seeds", "1..2"],
+    ] {
+        let run = test_command(&args);
+        assert_eq!(run.code, Some(2), "{args:?}: {run:?}");
+    }
 }

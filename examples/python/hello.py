@@ -3,6 +3,7 @@ prints the greetings, one line per rank. The Python twin of
 examples/hello (Rust) and examples/js/hello.js.
 
     monarch-host run examples/python/hello.py -- 8
+    monarch-host test examples/python/hello.py
 """
 
 import sys
@@ -38,6 +39,18 @@ def main(args):
     print(f"{len(greetings)} greetings from a mesh shaped {dict(greetings.extent)}:")
     for point, greeting in greetings.items():
         print(f"rank {point.rank}: {greeting}")
+    procs.stop()
+
+
+
+# Tests: `monarch-host test examples/python/hello.py` (docs/testing.md).
+
+
+def test_every_rank_greets_with_its_rank_and_the_mesh_size():
+    procs = this_host().spawn_procs(per_host={"hosts": 1, "gpus": 3})
+    greetings = procs.spawn("greeters", Greeter).greet.call().get()
+    assert dict(greetings.extent) == {"hosts": 1, "gpus": 3}
+    assert greetings.values() == [f"hello from rank {r} of 3" for r in range(3)]
     procs.stop()
 
 

@@ -1,6 +1,7 @@
 """The component's entry module (what `monarch-host build` hands to
-componentize-py): the exports of the WIT world ``program``, over the
-``monarch`` package and the user's script named in ``_monarch_build``."""
+componentize-py): the exports of the WIT world ``test`` (``program`` and
+its tests), over the ``monarch`` package and the user's script named in
+``_monarch_build``."""
 
 import sys
 
@@ -11,6 +12,7 @@ from wit_world import exports
 from monarch import _preload  # noqa: F401 - the standard library a program may import at run time
 from monarch import _program, _runtime
 import monarch.actor  # noqa: F401 - the public API, imported by most programs
+import monarch.faults  # noqa: F401 - imported by tests that make faults
 import monarch.rdma  # noqa: F401 - read back when a buffer reference arrives
 import monarch.tensor  # noqa: F401 - imported lazily by programs that use tensors
 
@@ -40,3 +42,15 @@ class ActorClass(exports.ActorClass):
 
     def supervise(self, failure):
         return _runtime.export_supervise(failure)
+
+
+class Tests(exports.Tests):
+    """``monarch-host test``: the script's ``test*`` functions."""
+
+    def list_tests(self):
+        return _program.listed_tests()
+
+    def run_test(self, name):
+        error = _program.run_test(name)
+        if error is not None:
+            raise Err(error)

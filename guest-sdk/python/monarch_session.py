@@ -14,6 +14,7 @@ from wit_world import exports
 from monarch import _preload  # noqa: F401 - the standard library an input may import
 from monarch import _program, _runtime, _session  # noqa: F401
 import monarch.actor  # noqa: F401 - the public API, imported into the session's namespace
+import monarch.faults  # noqa: F401 - faults made on purpose (`from monarch import faults`)
 import monarch.rdma  # noqa: F401 - read back when a buffer reference arrives
 import monarch.tensor  # noqa: F401 - imported by inputs that use tensors
 

@@ -120,3 +120,45 @@ impl Command {
             .unwrap_or_else(|| panic!("no line of stdout contains {prefix:?}:\n{self:?}"))
     }
 }
+
+/// The report of the failed test `name` in a `monarch-host test` run: the
+/// lines from `---- name ----` to the next such heading or the
+/// `failures:` list.
+pub fn test_report(run: &Command, name: &str) -> String {
+    let heading = format!("---- {name} ----");
+    let lines: Vec<&str> = run.stdout.iter().map(|(_, l)| l.as_str()).collect();
+    let start = lines
+        .iter()
+        .position(|l| *l == heading)
+        .unwrap_or_else(|| panic!("no report of {name}:\n{run:?}"));
+    lines[start + 1..]
+        .iter()
+        .take_while(|l| !l.starts_with("---- ") && **l != "failures:")
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// Asserts that xmllint finds the JUnit report valid (or not, `valid`)
+/// against `tests/junit.xsd`; without xmllint, says so and checks nothing.
+pub fn assert_junit_validates(report: &std::path::Path, valid: bool) {
+    let xmllint = std::path::Path::new("/usr/bin/xmllint");
+    if !xmllint.exists() {
+        eprintln!(
+            "xmllint is missing (apt-get install libxml2-utils): the schema check is skipped"
+        );
+        return;
+    }
+    let schema = concat!(env!("CARGO_MANIFEST_DIR"), "/junit.xsd");
+    let out = std::process::Command::new(xmllint)
+        .args(["--noout", "--schema", schema])
+        .arg(report)
+        .output()
+        .expect("run xmllint");
+    assert_eq!(
+        out.status.success(),
+        valid,
+        "xmllint on {}: {}",
+        report.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

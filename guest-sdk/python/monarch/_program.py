@@ -16,6 +16,13 @@ component has no files at run time. So the build:
    instance, so spawning an actor costs no import.
 
 At run time the controller runs the whole script as ``__main__``.
+
+The program's tests (``monarch-host test``, the WIT ``tests`` export) are
+its functions named ``test*``, listed at build time from the module the
+build defined (``_testing.collect``). Each runs in an instance of its
+own: the script's top level first, without its ``if __name__ ==
+"__main__":`` blocks and with its asserts keeping their values (as pytest
+imports a module), then the test function.
 """
 
 import ast
@@ -28,12 +35,17 @@ import sys
 import traceback
 import types
 
+from . import _testing
+
 #: True while the build runs the script in actor mode: the host cannot be
 #: reached then, so anything that needs it raises ``NotAtBuildTime``.
 BUILDING = False
 
 _display = "<program>"
 _code = None
+_test_code = None
+_assert_records = []
+_tests = []
 _actor_module = None
 _problems = []
 
@@ -56,16 +68,7 @@ def problems():
     return list(_problems)
 
 
-def _is_main_guard(stmt):
-    if not isinstance(stmt, ast.If):
-        return False
-    test = stmt.test
-    return (
-        isinstance(test, ast.Compare)
-        and len(test.ops) == 1
-        and isinstance(test.ops[0], (ast.Eq, ast.NotEq))
-        and any(isinstance(n, ast.Name) and n.id == "__name__" for n in [test.left, *test.comparators])
-    )
+_is_main_guard = _testing.is_main_guard
 
 
 def _imported_names(tree):
@@ -89,7 +92,7 @@ def _where(e):
 
 def prepare(module_name, display):
     """At build time: load, check and define the user's program."""
-    global _display, _code, _actor_module, BUILDING
+    global _display, _code, _test_code, _assert_records, _tests, _actor_module, BUILDING
     _display = display
     spec = importlib.util.find_spec(module_name)
     if spec is None or spec.origin is None:
@@ -101,6 +104,8 @@ def prepare(module_name, display):
     try:
         tree = ast.parse(source, display)
         _code = compile(tree, display, "exec")
+        test_tree, _assert_records = _testing.prepare_tree(tree)
+        _test_code = compile(test_tree, display, "exec")
     except SyntaxError as e:
         detail = f"{e.filename}:{e.lineno}:{e.offset or 0}: SyntaxError: {e.msg}"
         if e.text:
@@ -150,6 +155,7 @@ def prepare(module_name, display):
     finally:
         BUILDING = False
         sys.stdout, sys.stderr = saved
+    _tests = _testing.collect(module.__dict__)
 
 
 def prepare_session(module):
@@ -188,6 +194,49 @@ def run_main(args):
         text = "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next))
         sys.stderr.write(text)
         return f"{type(e).__name__}: {e} (at {_where(e)})"
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+    return None
+
+
+def listed_tests():
+    """The program's tests (``list-tests``), in the order it defines them."""
+    return list(_tests)
+
+
+def run_test(name):
+    """Runs the test ``name`` as the controller (``run-test``): the
+    script's top level as a test imports it, then the function. Returns
+    None when it passed, else why it failed (``_testing.failure_text``)."""
+    if _test_code is None:
+        return "the program was not built (see the build's errors)"
+    module = types.ModuleType("__main__")
+    module.__file__ = _display
+    module.__builtins__ = builtins
+    sys.modules["__main__"] = module
+    sys.argv = [_display]
+    try:
+        try:
+            exec(_test_code, module.__dict__)
+        except BaseException as e:  # noqa: BLE001 - the test fails with it
+            return _testing.failure_text(
+                e, _display, _assert_records, context="the program's top level failed before the test ran"
+            )
+        fn = module.__dict__.get(name)
+        if not _testing.is_test(name, fn):
+            listed = ", ".join(_tests) or "none"
+            return f"{_display} has no test function {name!r} (its tests: {listed})"
+        problem = _testing.signature_problem(fn)
+        if problem is not None:
+            return problem
+        try:
+            _testing.call_test(fn)
+        except BaseException as e:  # noqa: BLE001 - the test fails with it
+            return _testing.failure_text(e, _display, _assert_records)
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:

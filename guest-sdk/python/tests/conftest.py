@@ -1,6 +1,7 @@
 """Puts guest-sdk/python on sys.path so that the tests import the pure
-modules of ``monarch`` (``_codec``, ``_shape``, ``_errors``, ``_loop``)
-without an install step. They must not import ``monarch.actor`` or
+modules of ``monarch`` (``_codec``, ``_shape``, ``_errors``, ``_loop``,
+``_program``, ``_testing``; ``faults`` with fake bindings) without an
+install step. They must not import ``monarch.actor`` or
 ``monarch._runtime``: those need the host's bindings (``wit_world``)."""
 
 import os

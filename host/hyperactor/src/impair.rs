@@ -137,6 +137,24 @@ impl Impairments {
         Admit::Held
     }
 
+    /// When a message sent to `peer` now may leave at the earliest, if an
+    /// impairment holds it: for a simulated network, which schedules
+    /// every message itself (`sim.rs`).
+    pub(crate) fn floor(&self, peer: &ChannelAddr) -> Option<Instant> {
+        if !self.active() {
+            return None;
+        }
+        let now = Instant::now();
+        let peers = self.peers.lock();
+        let entry = peers.get(peer)?;
+        let mut due = now;
+        if now < entry.delay_until {
+            due = now + entry.delay;
+        }
+        due = due.max(entry.cut_until);
+        (due > now).then_some(due)
+    }
+
     /// Delays messages to `peer` by `delay` for `duration`.
     pub(crate) fn delay(&self, peer: &ChannelAddr, delay: Duration, duration: Duration) {
         let now = Instant::now();

@@ -61,6 +61,7 @@ mod impair;
 pub mod mailbox;
 pub mod message;
 pub mod proc;
+pub mod sim;
 pub mod testing;
 
 pub use actor::{Actor, ActorHandle, ActorRef, ActorStatus, Context, Exports, Handler};

@@ -74,6 +74,7 @@ use crate::mailbox::{Backlog, Mailbox, MailboxEntry, Meta, Payload, TypeName, UN
 use crate::message::{
     ArchivedBody, ArchivedEnvelope, Body, Envelope, RemoteMessage, encode_envelope,
 };
+use crate::sim::Simulation;
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a busy-polling connection holds its worker between yields.
@@ -330,6 +331,8 @@ pub(crate) struct ProcInner {
     shutdown: watch::Sender<bool>,
     /// Faults made on purpose to the messages it sends ([`Proc::cut_to`]).
     impairments: Impairments,
+    /// Ended as by a crash ([`Proc::crash`]).
+    crashed: AtomicBool,
 }
 
 impl ProcInner {
@@ -400,6 +403,7 @@ impl Proc {
             polling: Arc::new(AtomicBool::new(true)),
             shutdown: watch::Sender::new(false),
             impairments: Impairments::default(),
+            crashed: AtomicBool::new(false),
         });
         let shutdown = inner.shutdown.subscribe();
         if let ChannelAddr::Local(name) = inner.id.addr() {
@@ -439,6 +443,23 @@ impl Proc {
     /// they held goes on at once, in order (IM-4).
     pub fn heal_to(&self, peer: Option<&ChannelAddr>) {
         self.0.impairments.heal(peer);
+        if let Some(sim) = Simulation::current() {
+            sim.heal(self.0.id.addr(), peer);
+        }
+    }
+
+    /// Ends this proc as a crash of its process would, for a proc that
+    /// shares its process with others (a simulation's): from now on it
+    /// sends nothing, and every message to it from another proc fails as
+    /// to an unreachable proc. Its actors are left to the embedding to
+    /// stop, as a dead process's are never stopped.
+    pub fn crash(&self) {
+        self.0.crashed.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`Proc::crash`] ended it.
+    pub fn crashed(&self) -> bool {
+        self.0.crashed.load(Ordering::Relaxed)
     }
 
     /// The peers this proc's messages to are delayed or cut now.
@@ -666,7 +687,11 @@ impl Proc {
         message: M,
         return_port: Option<PortId>,
     ) {
-        if self.0.impairments.active() {
+        if self.0.crashed.load(Ordering::Relaxed) {
+            // A crashed proc sends nothing.
+            return;
+        }
+        if self.0.impairments.active() || Simulation::active() {
             let to = dest.actor_id().proc_id();
             if !to.same(&self.0.id) {
                 let (from, port) = (sender.clone(), dest.clone());
@@ -677,6 +702,12 @@ impl Proc {
                         proc.fail_delivery(&meta, failure);
                     }
                 });
+                if let Some(sim) = Simulation::current() {
+                    let floor = self.0.impairments.floor(to.addr());
+                    let kind = std::any::type_name::<M>();
+                    sim.schedule(&self.0, sender, dest, kind, floor, held);
+                    return;
+                }
                 if let Admit::Now(held) = self.0.impairments.admit(&self.0, to.addr(), held) {
                     held(self, None);
                 }
@@ -697,6 +728,15 @@ impl Proc {
         let _span = tracing::trace_span!("send", from = %sender, to = %dest).entered();
         let meta = meta_for::<M>(sender, dest, return_port);
         if let Some(proc) = self.in_process(dest.actor_id()) {
+            if proc.0.crashed.load(Ordering::Relaxed) && !proc.0.id.same(&self.0.id) {
+                let failure = DeliveryFailure::Unreachable {
+                    addr: proc.0.id.addr().to_string(),
+                    timeout_ms: self.0.config.delivery_timeout.as_millis() as u64,
+                    detail: "the proc crashed".into(),
+                };
+                self.fail_delivery(&meta, failure);
+                return;
+            }
             proc.deliver_local(Payload::Local(Box::new(message)), meta);
             return;
         }

@@ -104,6 +104,12 @@ pub trait Allocator: Send + Sync + 'static {
     /// Ends one proc, as a failure would (tests and chaos).
     fn kill(&self, proc: &ProcId, signal: i32) -> Result<(), AllocError>;
 
+    /// Makes one proc end as if its main returned, if this allocator does
+    /// that itself; None: ask the proc's agent ([`crate::agent::ExitProc`]).
+    fn exit(&self, _proc: &ProcId) -> Option<Result<(), AllocError>> {
+        None
+    }
+
     /// The name of the host numbered `host` in [`Allocated::host`]: its
     /// agent's address, or `local` for this machine.
     fn host_name(&self, _host: usize) -> String {
@@ -116,6 +122,8 @@ pub struct InProcessAllocator {
     registry: Arc<Registry>,
     prefix: String,
     procs: Arc<Mutex<Vec<Proc>>>,
+    /// Where a proc ended on purpose ([`Allocator::kill`]) is reported.
+    stopped: Arc<Mutex<Option<mpsc::UnboundedSender<MeshEvent>>>>,
 }
 
 impl InProcessAllocator {
@@ -130,7 +138,32 @@ impl InProcessAllocator {
                 ALLOCATORS.fetch_add(1, Ordering::Relaxed)
             ),
             procs: Arc::default(),
+            stopped: Arc::default(),
         }
+    }
+
+    /// Crashes `proc` (`Proc::crash`), stops its actors' inbox, and
+    /// reports it ended with `status` (a wait status: a signal, or an exit
+    /// code shifted left by 8), as a child proc's end is reported.
+    fn end(&self, proc: &ProcId, status: i32) -> Result<(), AllocError> {
+        use std::os::unix::process::ExitStatusExt;
+        let ended = {
+            let mut procs = self.procs.lock();
+            let index = procs
+                .iter()
+                .position(|p| p.id() == proc)
+                .ok_or_else(|| AllocError(format!("no proc {proc} in this process")))?;
+            procs.remove(index)
+        };
+        ended.crash();
+        let reason = describe_exit(std::process::ExitStatus::from_raw(status));
+        if let Some(stopped) = self.stopped.lock().as_ref() {
+            let _ = stopped.send(MeshEvent::ProcStopped {
+                proc: proc.clone(),
+                reason,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -139,8 +172,9 @@ impl Allocator for InProcessAllocator {
         &self,
         names: Vec<String>,
         events: PortRef<MeshEvent>,
-        _stopped: mpsc::UnboundedSender<MeshEvent>,
+        stopped: mpsc::UnboundedSender<MeshEvent>,
     ) -> BoxFuture<Result<Vec<Allocated>, AllocError>> {
+        *self.stopped.lock() = Some(stopped);
         let (registry, prefix, procs) = (
             self.registry.clone(),
             self.prefix.clone(),
@@ -182,10 +216,17 @@ impl Allocator for InProcessAllocator {
         self.procs.lock().retain(|p| !procs.contains(p.id()));
     }
 
-    fn kill(&self, proc: &ProcId, _signal: i32) -> Result<(), AllocError> {
-        Err(AllocError(format!(
-            "{proc} runs inside this process and cannot be killed alone"
-        )))
+    /// A proc inside this process cannot get a signal: it crashes
+    /// (`Proc::crash`) and is reported killed by `signal`.
+    fn kill(&self, proc: &ProcId, signal: i32) -> Result<(), AllocError> {
+        if !(1..=64).contains(&signal) {
+            return Err(AllocError(format!("{signal} is not a signal number")));
+        }
+        self.end(proc, signal)
+    }
+
+    fn exit(&self, proc: &ProcId) -> Option<Result<(), AllocError>> {
+        Some(self.end(proc, 0))
     }
 }
 

@@ -9,7 +9,9 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures::FutureExt;
 use hyperactor::{Mailbox, Port, PortRef, ProcId};
@@ -328,7 +330,7 @@ impl Caster {
                     Some(reply) => self.take(reply),
                     None => return None,
                 },
-                _ = tokio::time::sleep_until(deadline.into()) => self.expire(Instant::now()),
+                _ = tokio::time::sleep_until(deadline) => self.expire(Instant::now()),
             }
         }
     }

@@ -408,6 +408,10 @@ impl MeshClient {
         if heal && let Some(mine) = &mine {
             crate::agent::impair(&self.proc, mine, &fault);
         }
+        // In a fixed order, so that a simulation's trace does not depend
+        // on the map's.
+        let mut peers: Vec<(ProcId, Vec<ChannelAddr>)> = peers.into_iter().collect();
+        peers.sort_by_key(|(proc, _)| proc.to_string());
         let calls = peers.into_iter().map(|(proc, addrs)| {
             let port = agent_port::<Impair>(&proc);
             let fault = fault.clone();
@@ -441,9 +445,12 @@ impl MeshClient {
 
     /// Makes `proc` exit by itself with status 0, as if its main returned:
     /// its end is reported as a failure, as any end its owner did not ask
-    /// for. Only a proc alone in its process can (not one inside this
-    /// process).
+    /// for. A proc inside this process crashes and is reported so
+    /// (`Allocator::exit`).
     pub async fn exit_proc(&self, proc: &ProcId, timeout: Duration) -> Result<(), String> {
+        if let Some(done) = self.allocator.exit(proc) {
+            return done.map_err(|e| e.to_string());
+        }
         let port = agent_port::<ExitProc>(proc)
             .ok_or_else(|| format!("proc {proc} has no valid agent name"))?;
         match self

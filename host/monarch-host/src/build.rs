@@ -6,7 +6,10 @@
 //!   (`guest-sdk/python`) and the program's directory on its path. The SDK
 //!   runs the program's top level in actor mode at build time (see
 //!   `guest-sdk/python/monarch/_program.py`), so errors in it (a syntax
-//!   error, a missing module) are reported with file and line here.
+//!   error, a missing module) are reported with file and line here. The
+//!   component is of the world `test` (`program` and its `tests` export,
+//!   the script's `test*` functions), so that `monarch-host test app.py`
+//!   runs the same component as `run app.py`.
 //! - JavaScript: `guest-sdk/js/build.mjs` under node, which runs jco's
 //!   QuickJS backend.
 //!
@@ -85,6 +88,14 @@ const PYTHON_SDK: &[Bundled] = &[
     (
         "python/monarch/_shape.py",
         include_str!("../../../guest-sdk/python/monarch/_shape.py"),
+    ),
+    (
+        "python/monarch/_testing.py",
+        include_str!("../../../guest-sdk/python/monarch/_testing.py"),
+    ),
+    (
+        "python/monarch/faults.py",
+        include_str!("../../../guest-sdk/python/monarch/faults.py"),
     ),
 ];
 
@@ -532,9 +543,11 @@ fn build_python(
         app.display()
     ));
     let python = sdk.join("python");
+    // `test` is `program` with the `tests` export: `run` and the actors
+    // are the same, and `monarch-host test` finds the tests.
     let result = componentize_py(
         sdk,
-        "program",
+        "test",
         "monarch_program",
         &[&generated, &python, &sources],
         out,

@@ -36,7 +36,9 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use hyperactor::proc::Pace;
 use hyperactor::{Mailbox, ProcId};
@@ -621,6 +623,10 @@ impl HostState {
                 wasi.inherit_stdout().inherit_stderr();
             }
         }
+        if hyperactor::sim::Simulation::active() {
+            // Under `test --sim` the guest's clock is the simulation's.
+            wasi.monotonic_clock(VirtualClock(tokio::time::Instant::now()));
+        }
         let grants = &cluster.sandbox.grants;
         wasi.envs(&grants.env);
         for dir in &grants.dirs {
@@ -1051,6 +1057,22 @@ pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
     Ok(linker)
 }
 
+/// The runtime's clock as WASI's monotonic clock: virtual under a paused
+/// runtime (`monarch-host test --sim`), so a guest measures the simulated
+/// time its calls took.
+struct VirtualClock(tokio::time::Instant);
+
+impl wasmtime_wasi::HostMonotonicClock for VirtualClock {
+    fn resolution(&self) -> u64 {
+        1
+    }
+
+    fn now(&self) -> u64 {
+        let elapsed = tokio::time::Instant::now().saturating_duration_since(self.0);
+        u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
 impl types::Host for HostState {}
 
 impl logging::Host for HostState {
@@ -1117,7 +1139,9 @@ impl mesh::Host for HostState {
             // The client proc's connections follow the same rule (PR-12).
             client.proc().set_busy_poll(spare_core);
         }
-        let budget = if !awaiting {
+        // Under simulation time moves only while every task waits, so a
+        // spin would never end.
+        let budget = if !awaiting || hyperactor::sim::Simulation::active() {
             Duration::ZERO
         } else if spare_core {
             self.pace.budget()
@@ -1175,7 +1199,7 @@ impl mesh::Host for HostState {
                     }
                 } => self.take_mesh_event(event),
                 Some(event) = self.completed.recv() => self.ready.push_back(event),
-                _ = tokio::time::sleep_until(until.into()) => break,
+                _ = tokio::time::sleep_until(until) => break,
             }
         }
         // How long replies take: a wait that ended with an event, or one

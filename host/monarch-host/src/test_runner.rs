@@ -1,8 +1,8 @@
 //! `monarch-host test`: runs a program's tests, the functions its Rust
-//! crate marks `#[monarch_guest::test]`, and reports them as `cargo test`
-//! does.
+//! crate marks `#[monarch_guest::test]` or a Python script's `test*`
+//! functions, and reports them as `cargo test` does.
 //!
-//! A program built with the Rust SDK exports `monarch:host/tests`
+//! A program built with the Rust or Python SDK exports `monarch:host/tests`
 //! (`wit/monarch.wit`): `list-tests` names its tests, `run-test(name)` runs
 //! one as the controller, the way `run` runs the program's main. The
 //! runner lists them once, keeps those whose name contains `--filter`, and
@@ -24,6 +24,9 @@
 //! - TT-4: `--junit FILE` is well-formed XML whatever the tests printed
 //!   (escaped, characters XML cannot hold replaced), and appears whole or
 //!   not at all (written beside FILE, then renamed over it).
+//!
+//! With `--sim` each test runs in a deterministic simulation instead
+//! (`test_runner/sim.rs`, TS-1..3).
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -48,7 +51,9 @@ const STOP_GRACE: Duration = Duration::from_secs(30);
 pub struct TestArgs {
     /// The program: a .wasm component built with the Rust SDK (e.g.
     /// `cargo build --release --target wasm32-wasip2`), whose
-    /// `#[monarch_guest::test]` functions are its tests.
+    /// `#[monarch_guest::test]` functions are its tests; or a Python
+    /// script (.py), built as `run app.py` builds it (cached), whose
+    /// `test*` functions are its tests.
     pub app: PathBuf,
     /// Runs only the tests whose name contains this text.
     #[arg(long, value_name = "SUBSTR")]
@@ -73,6 +78,24 @@ pub struct TestArgs {
     /// timeout, in seconds.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub call_timeout: u64,
+    /// Runs each test in a deterministic simulation: its procs inside this
+    /// process on a virtual clock, every message between them delivered
+    /// after a latency drawn from the seed (docs/testing.md, "Simulation").
+    #[arg(long)]
+    pub sim: bool,
+    /// The simulation's seed (with --sim); the same seed gives the same
+    /// interleaving, and the same trace.
+    #[arg(long, value_name = "N", requires = "sim", conflicts_with = "seeds")]
+    pub seed: Option<u64>,
+    /// Runs each test under every seed from A to B, both included (with
+    /// --sim), and reports the first seed that fails, with the command
+    /// that replays it.
+    #[arg(long, value_name = "A..B", requires = "sim", value_parser = sim::parse_seeds)]
+    pub seeds: Option<std::ops::RangeInclusive<u64>>,
+    /// Prints each simulated run's interleaving: every message delivered
+    /// between procs, with its virtual time (with --sim).
+    #[arg(long, requires = "sim")]
+    pub trace: bool,
     /// Accepted for symmetry with `run`; tests take no arguments, so these
     /// are passed nowhere.
     #[arg(last = true)]
@@ -150,11 +173,14 @@ pub fn command(args: TestArgs) -> ExitCode {
     };
     if !prepared.has_tests() {
         return bad_input(format!(
-            "{} has no tests: it does not export monarch:host/tests (build it with the Rust SDK's #[monarch_guest::test])",
+            "{} has no tests: it does not export monarch:host/tests (build it with the Rust SDK's #[monarch_guest::test], or write a Python script's `test_*` functions)",
             args.app.display()
         ));
     }
     hyperactor_mesh::alloc::keep_freed_memory();
+    if args.sim {
+        return sim::command(&args, prepared);
+    }
     let mut builder = match args.jobs {
         1 => tokio::runtime::Builder::new_current_thread(),
         jobs => {
@@ -215,6 +241,9 @@ pub fn command(args: TestArgs) -> ExitCode {
     runtime.shutdown_timeout(Duration::from_secs(1));
     status
 }
+
+#[path = "test_runner/sim.rs"]
+mod sim;
 
 /// What every test's sandbox is made of.
 struct Settings {

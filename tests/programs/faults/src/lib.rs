@@ -2,6 +2,8 @@
 //! that the program sees each as it would see the real one. Run with
 //! `monarch-host test faults.wasm` (tests/test_runner.rs).
 
+use std::cell::RefCell;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use monarch_guest::faults::{self, KillMode};
@@ -113,14 +115,24 @@ async fn a_lost_host_takes_every_proc_on_it() -> Result<(), String> {
     let second = spawn_procs(&extent!(procs = 1))?;
     let _a = first.spawn::<Node>("a", &())?;
     let _b = second.spawn::<Node>("b", &())?;
+    // The three failures come together: a supervisor takes each.
+    let seen = Rc::new(RefCell::new(Vec::new()));
+    let sink = Rc::clone(&seen);
+    monarch_guest::supervise(move |failure| {
+        sink.borrow_mut().push(failure.clone());
+        true
+    });
     // Every proc of this test runs on this machine: one host.
     faults::kill(&first, 1, KillMode::HostLost)?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while seen.borrow().len() < 3 && Instant::now() < deadline {
+        sleep(Duration::from_millis(20)).await;
+    }
     let mut lost = Vec::new();
-    for _ in 0..3 {
-        let failure = failure().await?;
+    for failure in seen.borrow().iter() {
         assert_eq!(failure.kind, ErrorKind::ProcLost, "{failure}");
         assert!(failure.reason.contains("lost with its host"), "{failure}");
-        lost.push((failure.mesh, failure.rank));
+        lost.push((failure.mesh.clone(), failure.rank));
     }
     lost.sort();
     assert_eq!(lost, [("a".into(), 0), ("a".into(), 1), ("b".into(), 0)]);
