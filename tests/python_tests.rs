@@ -194,6 +194,32 @@ fn the_python_counter_example_passes_its_tests_with_a_crash_injected() {
     );
 }
 
+/// Python faults under simulation: the counter example's tests, a crash
+/// and a partition among them, pass under several seeds, and one seed's
+/// whole output, its trace included, is the same twice.
+#[test]
+fn the_python_counter_example_passes_under_simulation_the_same_way_twice() {
+    if !toolchain() {
+        return;
+    }
+    let app = program("examples/python/counter.py");
+    let run = test_command(&[&app, "--sim", "--seeds", "1..5"]);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert_eq!(run.lines_with("... ok (5 seeds)").len(), 4, "{run:?}");
+    let traced = || test_command(&[&app, "--sim", "--seed", "9", "--trace"]);
+    let output = |run: &Command| -> Vec<String> {
+        run.stdout
+            .iter()
+            .map(|(_, line)| line.clone())
+            .filter(|line| !line.starts_with("test result: "))
+            .collect()
+    };
+    let (first, second) = (traced(), traced());
+    assert_eq!(first.code, Some(0), "{first:?}");
+    assert!(first.lines_with(" ms  ").len() > 20, "{first:?}");
+    assert_eq!(output(&first), output(&second));
+}
+
 /// A script whose tests cannot be listed, because it does not build (a
 /// syntax error), exits 2 and says where, before any test runs (TT-3; as
 /// pytest's collection errors).
