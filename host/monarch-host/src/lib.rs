@@ -30,6 +30,7 @@ pub mod engine;
 mod errors;
 pub mod host;
 pub mod mesh;
+pub mod native;
 pub mod observe;
 mod output;
 pub mod progress;

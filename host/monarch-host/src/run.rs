@@ -673,6 +673,51 @@ impl Prepared {
     }
 }
 
+impl Prepared {
+    /// A native controller (`native.rs`) on a fresh cluster placed as
+    /// `sandbox` says, whose actors are this program's classes: what
+    /// `monarch-test` drives. Errors for a component with no actor
+    /// classes.
+    pub async fn native_controller(
+        &self,
+        sandbox: Sandbox,
+        log: LogSink,
+    ) -> Result<crate::native::NativeController, RunError> {
+        let Entry::Program(pre) = &self.entry else {
+            return Err(RunError::WrongWorld {
+                path: "the component".into(),
+                reason: "it defines no actor classes (it is not of the WIT world `program`)".into(),
+            });
+        };
+        let placement = sandbox.placement.clone();
+        let cluster = Cluster::for_job(
+            self.engine.clone(),
+            Some(pre.clone()),
+            sandbox,
+            log.clone(),
+            self.program.clone(),
+            JobHooks {
+                attached: None,
+                observer: None,
+                libraries: Arc::new(self.libraries.clone()),
+            },
+        );
+        let client = start_client(&cluster, &placement, log)
+            .await
+            .map_err(RunError::Host)?;
+        cluster.set_client(client.clone());
+        let mailbox = client.mailbox().clone();
+        let mut state = HostState::new(
+            cluster.clone(),
+            &mailbox,
+            "controller".into(),
+            Some(String::new()),
+        );
+        state.watch(client.subscribe());
+        Ok(crate::native::NativeController::new(state, cluster))
+    }
+}
+
 /// The mesh client of a run: its allocator, and the controller's proc at
 /// an address its procs can reach.
 pub(crate) async fn start_client(

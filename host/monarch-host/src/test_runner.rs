@@ -290,12 +290,19 @@ fn source_program(app: &Path) -> Result<PathBuf, String> {
 /// Compiles the program (through the cache) in an engine whose pool is
 /// sized for it, as `run` does.
 fn prepare(app: &Path, args: &TestArgs) -> Result<Prepared, RunError> {
+    load(app, args.memory as usize * (1 << 20))
+}
+
+/// Compiles the component at `app` (through the cache) in an engine whose
+/// pool is sized for it with `memory_bytes` of linear memory per
+/// instance, as `run` and `test` do: for embeddings such as
+/// `monarch-test`.
+pub fn load(app: &Path, memory_bytes: usize) -> Result<Prepared, RunError> {
     let bytes = std::fs::read(app).map_err(|source| engine::LoadError::Read {
         path: app.to_path_buf(),
         source,
     })?;
     let footprint = engine::inspect(app, &bytes)?;
-    let memory_bytes = args.memory as usize * (1 << 20);
     let shape = PoolShape::for_program(
         &footprint.needs,
         engine::DEFAULT_MAX_INSTANCES,
