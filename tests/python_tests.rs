@@ -194,6 +194,27 @@ fn the_python_counter_example_passes_its_tests_with_a_crash_injected() {
     );
 }
 
+/// Every Python example has tests, and they pass: hello, ping-pong
+/// (a refused ping among them) and data-parallel (training lowers the
+/// loss; settings that cannot train are refused by name).
+#[test]
+fn the_python_examples_tests_pass() {
+    if !toolchain() {
+        return;
+    }
+    for (example, count) in [("hello", 1), ("ping_pong", 2), ("data_parallel", 2)] {
+        let app = program(&format!("examples/python/{example}.py"));
+        let run = test_command(&[&app, "--timeout", "300"]);
+        assert_eq!(run.code, Some(0), "{example}: {run:?}");
+        assert_eq!(run.lines_with(" ... ok").len(), count, "{example}: {run:?}");
+        assert!(
+            run.after("test result: ")
+                .starts_with(&format!("ok. {count} passed; 0 failed")),
+            "{example}: {run:?}"
+        );
+    }
+}
+
 /// Python faults under simulation: the counter example's tests, a crash
 /// and a partition among them, pass under several seeds, and one seed's
 /// whole output, its trace included, is the same twice.
