@@ -286,6 +286,39 @@ impl Simulation {
     }
 }
 
+/// With a simulation installed on this thread: a number from its seed and
+/// `salt` (a hash of `name`), the same every run; None otherwise. For the
+/// embedding's own seeded choices, such as a guest's random bytes.
+pub fn seeded(name: &str) -> Option<u64> {
+    Simulation::current().map(|sim| sim.seeded(hash_str(0, name)))
+}
+
+/// A generator of the simulation's numbers from a seed ([`seeded`]):
+/// splitmix64, the same sequence every run.
+#[derive(Debug, Clone)]
+pub struct SeededNumbers(u64);
+
+impl SeededNumbers {
+    /// Numbers from `seed`.
+    pub fn new(seed: u64) -> SeededNumbers {
+        SeededNumbers(seed)
+    }
+
+    /// The next number.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        mix(self.0)
+    }
+
+    /// Fills `bytes`.
+    pub fn fill(&mut self, bytes: &mut [u8]) {
+        for chunk in bytes.chunks_mut(8) {
+            let word = self.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&word[..chunk.len()]);
+        }
+    }
+}
+
 fn proc_addr(proc: &Arc<ProcInner>) -> ChannelAddr {
     Proc::from_inner(proc.clone()).id().addr().clone()
 }

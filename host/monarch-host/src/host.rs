@@ -623,9 +623,14 @@ impl HostState {
                 wasi.inherit_stdout().inherit_stderr();
             }
         }
-        if hyperactor::sim::Simulation::active() {
-            // Under `test --sim` the guest's clock is the simulation's.
+        if let Some(seed) = hyperactor::sim::seeded(&who) {
+            // Under `test --sim` the guest's clock is the simulation's, and
+            // its random numbers come from the seed (a Rust guest's
+            // HashMap order with them), per instance.
             wasi.monotonic_clock(VirtualClock(tokio::time::Instant::now()));
+            wasi.secure_random(SeededRandom(hyperactor::sim::SeededNumbers::new(seed)));
+            wasi.insecure_random(SeededRandom(hyperactor::sim::SeededNumbers::new(!seed)));
+            wasi.insecure_random_seed(u128::from(seed) << 64 | u128::from(!seed));
         }
         let grants = &cluster.sandbox.grants;
         wasi.envs(&grants.env);
@@ -1055,6 +1060,26 @@ pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
     )?;
     crate::session::add_to_linker(&mut linker)?;
     Ok(linker)
+}
+
+/// The simulation's numbers as WASI's random source (`test --sim`).
+struct SeededRandom(hyperactor::sim::SeededNumbers);
+
+impl rand_core::TryRng for SeededRandom {
+    type Error = std::convert::Infallible;
+
+    fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
+        Ok(self.0.next_u64() as u32)
+    }
+
+    fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
+        Ok(self.0.next_u64())
+    }
+
+    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Self::Error> {
+        self.0.fill(dst);
+        Ok(())
+    }
 }
 
 /// The runtime's clock as WASI's monotonic clock: virtual under a paused
