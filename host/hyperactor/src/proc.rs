@@ -2766,8 +2766,8 @@ mod tests {
     async fn im1_a_delay_slows_one_direction_for_its_duration() {
         let (a, b, _, echo_b, client_a, _) = pair("im1d").await;
         echo_time(&echo_b, &client_a).await;
-        let delay = Duration::from_millis(300);
-        a.delay_to(b.id().addr(), delay, Duration::from_millis(1000));
+        let delay = Duration::from_millis(500);
+        a.delay_to(b.id().addr(), delay, Duration::from_millis(1600));
         for _ in 0..2 {
             // The request waits; the reply, from b to a, does not.
             let took = echo_time(&echo_b, &client_a).await;
@@ -2776,8 +2776,8 @@ mod tests {
                 "a to b is delayed once: {took:?}"
             );
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        assert!(echo_time(&echo_b, &client_a).await < Duration::from_millis(250));
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        assert!(echo_time(&echo_b, &client_a).await < Duration::from_millis(400));
     }
 
     /// IM-3: a message held past the delivery timeout fails as

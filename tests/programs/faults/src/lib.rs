@@ -153,19 +153,19 @@ async fn a_delay_between_two_ranks_slows_their_calls_until_it_ends() -> Result<(
         &procs,
         0,
         1,
-        Duration::from_millis(300),
-        Duration::from_secs(30),
+        Duration::from_secs(1),
+        Duration::from_secs(60),
     )?;
-    // The request waits 300 ms one way, the reply 300 ms the other.
+    // The request waits 1 s one way, the reply 1 s the other.
     let took = zero.call_one(&ask).await?;
-    assert!(took >= 600, "a delayed round trip took {took} ms");
+    assert!(took >= 2000, "a delayed round trip took {took} ms");
     // The controller's own calls are not delayed.
     let started = Instant::now();
     assert_eq!(nodes.at("procs", 1)?.call_one(&Rank).await?, 1);
-    assert!(started.elapsed() < Duration::from_millis(300));
+    assert!(started.elapsed() < Duration::from_secs(1));
     faults::heal(&procs)?;
     let took = zero.call_one(&ask).await?;
-    assert!(took < 300, "a healed round trip took {took} ms");
+    assert!(took < 1000, "a healed round trip took {took} ms");
     Ok(())
 }
 
@@ -190,7 +190,7 @@ async fn a_partitioned_rank_times_out_then_answers_once_healed() -> Result<(), S
     let procs = spawn_procs(&extent!(procs = 3))?;
     let nodes = procs.spawn::<Node>("nodes", &())?;
     faults::partition(&procs, &[2], Duration::from_secs(60))?;
-    set_call_timeout(Duration::from_millis(700));
+    set_call_timeout(Duration::from_secs(3));
     let err = nodes.at("procs", 2)?.call_one(&Rank).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
     // The majority side carries on, among itself too.
