@@ -20,7 +20,8 @@ calls to them raise ``SupervisionError``); delayed and dropped messages
 come late, or time out. ``procs`` is a ``ProcMesh`` this program spawned
 (``this_host().spawn_procs(...)``); ranks are its ranks; durations are in
 seconds. Only procs the caller started may be faulted (not a persistent
-mesh's, not procs inside the host's process: ``run --in-process``).
+mesh's); a proc inside the host's process (``run --in-process``, ``test
+--sim``) is killed by crashing it.
 """
 
 import math

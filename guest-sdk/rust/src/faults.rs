@@ -21,8 +21,9 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Only procs the program started may be faulted (not a persistent mesh's,
-//! not procs inside the host's process); ranks are the proc mesh's. When a
+//! Only procs the program started may be faulted (not a persistent
+//! mesh's); a proc inside the host's process (`run --in-process`, `test
+//! --sim`) is killed by crashing it. Ranks are the proc mesh's. When a
 //! call returns `Ok`, the fault is in place.
 
 use std::time::Duration;

@@ -428,8 +428,9 @@ impl ProcMesh {
     /// Sends `signal` (9 for SIGKILL, 15 for SIGTERM...) to the process of
     /// the proc at `rank`, to test a program's own fault handling: its
     /// actors fail with kind [`ProcLost`](crate::ErrorKind::ProcLost). Only
-    /// procs this program started may be killed (not a persistent mesh's,
-    /// not procs inside the host's process).
+    /// procs this program started may be killed (not a persistent mesh's);
+    /// a proc inside the host's process crashes instead, reported killed by
+    /// that signal.
     pub fn kill(&self, rank: u32, signal: i32) -> Result<(), MeshError> {
         self.raw
             .kill(rank, signal)
