@@ -162,3 +162,22 @@ pub fn assert_junit_validates(report: &std::path::Path, valid: bool) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Asserts that a `monarch-host test` run ran exactly `verdicts`, one
+/// `test NAME ... VERDICT` line each (`ok`, `FAILED`).
+pub fn assert_verdicts(run: &Command, verdicts: &[(&str, &str)]) {
+    let count = verdicts.len();
+    let plural = if count == 1 { "" } else { "s" };
+    assert_eq!(
+        run.after("running "),
+        format!("{count} test{plural}"),
+        "{run:?}"
+    );
+    for (test, verdict) in verdicts {
+        assert_eq!(
+            run.lines_with(&format!("test {test} ... ")),
+            [format!("test {test} ... {verdict}")],
+            "{run:?}"
+        );
+    }
+}

@@ -340,6 +340,10 @@ impl ProcInner {
         &self.runtime
     }
 
+    pub(crate) fn proc_id(&self) -> &ProcId {
+        &self.id
+    }
+
     pub(crate) fn config_ref(&self) -> &ProcConfig {
         &self.config
     }

@@ -234,7 +234,7 @@ impl Simulation {
         );
         let pending = Pending {
             proc: Arc::downgrade(proc),
-            from: proc_addr(proc),
+            from: proc.proc_id().addr().clone(),
             to: to_proc.addr().clone(),
             latency,
             failure,
@@ -317,10 +317,6 @@ impl SeededNumbers {
             chunk.copy_from_slice(&word[..chunk.len()]);
         }
     }
-}
-
-fn proc_addr(proc: &Arc<ProcInner>) -> ChannelAddr {
-    Proc::from_inner(proc.clone()).id().addr().clone()
 }
 
 /// Delivers what is due, in key order, one at a time (SIM-1..3).
