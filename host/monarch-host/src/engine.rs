@@ -360,24 +360,34 @@ impl Pool {
     /// [`PoolShape::instances`] are taken; the error says so, naming the
     /// limit and `--max-instances`.
     pub fn reserve(self: &Arc<Self>) -> Result<Slot, String> {
+        self.try_reserve()
+            .ok_or_else(|| pool_full(self.shape.instances))
+    }
+
+    /// Takes a place for one more component instance, or `None` when all
+    /// [`PoolShape::instances`] are taken.
+    pub fn try_reserve(self: &Arc<Self>) -> Option<Slot> {
         let limit = self.shape.instances;
-        let taken = self
-            .live
+        self.live
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |live| {
                 (live < limit).then_some(live + 1)
-            });
-        match taken {
-            Ok(_) => Ok(Slot(self.clone())),
-            Err(_) => Err(format!(
-                "this process's instance pool is full: it holds {limit} component instances (the controller's and actors' in one process; set by --max-instances) and all are in use; spawn fewer actors per proc, or raise --max-instances"
-            )),
-        }
+            })
+            .ok()
+            .map(|_| Slot(self.clone()))
     }
 
     /// The component instances taken now.
     pub fn live(&self) -> u32 {
         self.live.load(Ordering::Acquire)
     }
+}
+
+/// Why a process with room for `limit` component instances can take no
+/// more.
+pub fn pool_full(limit: u32) -> String {
+    format!(
+        "this process's instance pool is full: it holds {limit} component instances (the controller's and actors' in one process; set by --max-instances) and all are in use; spawn fewer actors per proc, or raise --max-instances"
+    )
 }
 
 /// The pools of the engines [`pooled_engine`] made, by engine.
@@ -508,17 +518,32 @@ pub fn load_bytes(engine: &Engine, path: &Path, bytes: &[u8]) -> Result<Loaded, 
         path: path.to_path_buf(),
         reason: format!("the host's imports cannot be linked: {e:#}"),
     })?;
+    let sha256 = hex(&Sha256::digest(bytes));
+    load_inspected(engine, &linker, path, bytes, footprint, sha256)
+}
+
+/// [`load_bytes`] for bytes [`inspect`]ed already (`footprint`) whose
+/// sha256 is known (a blob is named by its own), checking imports against
+/// `linker`, this engine's: a proc that loads a program parses, hashes and
+/// links it once, not twice.
+pub fn load_inspected(
+    engine: &Engine,
+    linker: &Linker<crate::host::HostState>,
+    path: &Path,
+    bytes: &[u8],
+    footprint: Footprint,
+    sha256: String,
+) -> Result<Loaded, LoadError> {
     if let Some(pool) = pool(engine) {
         check_fits(path, &footprint.needs, &pool.shape)?;
     }
-    let missing = missing_imports(&linker, &footprint.interfaces);
+    let missing = missing_imports(linker, &footprint.interfaces);
     if !missing.is_empty() {
         return Err(LoadError::Imports {
             path: path.to_path_buf(),
             missing,
         });
     }
-    let sha256 = hex(&Sha256::digest(bytes));
     let cache_file = cache_dir().map(|dir| {
         let mut key = Sha256::new();
         key.update(sha256.as_bytes());
@@ -678,7 +703,7 @@ fn probe(name: &str) -> Vec<u8> {
 
 /// A file mapped read-only: its pages are the page cache's, shared with
 /// every process that maps it, and no longer resident once unmapped.
-struct Mapped {
+pub(crate) struct Mapped {
     ptr: *mut libc::c_void,
     len: usize,
 }
@@ -689,7 +714,7 @@ unsafe impl Send for Mapped {}
 unsafe impl Sync for Mapped {}
 
 impl Mapped {
-    fn open(path: &Path) -> std::io::Result<Mapped> {
+    pub(crate) fn open(path: &Path) -> std::io::Result<Mapped> {
         use std::os::fd::AsRawFd;
         let file = std::fs::File::open(path)?;
         let len = usize::try_from(file.metadata()?.len())

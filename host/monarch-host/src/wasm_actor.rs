@@ -17,6 +17,13 @@
 //! spawns is its own (AO-1): failures of it reach the `supervise` export
 //! between messages (AO-2, woken by [`OwnedMeshNews`]), and one the export
 //! does not handle fails the actor with kind `supervision` (AO-3).
+//!
+//! - EP-1: a process's engines for actors come in tiers ([`tier_sizes`]):
+//!   a pool of 32 instances first, then up to 256, then the rest of
+//!   `--max-instances`; a tier's engine is made (and the program loaded
+//!   into it) only once the tiers before it are full, so that a proc with
+//!   a few actors does not pay for 1,200 fiber stacks. Together they hold
+//!   `--max-instances`, and a spawn past them is refused naming it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -627,7 +634,58 @@ struct Compiled {
 /// proc of a persistent mesh runs many jobs: each spawn gets a cluster of
 /// its own (its deadline, memory cap, call timeout) around the shared
 /// compiled form.
-type Programs = Arc<Mutex<HashMap<String, Arc<OnceCell<Arc<Compiled>>>>>>;
+type Programs = Arc<Mutex<HashMap<String, Arc<ProgramTiers>>>>;
+
+/// A program's compiled forms in this process, one per tier of engines
+/// ([`tier_sizes`]): the first is loaded at the program's first spawn,
+/// each further one only once the tiers before it are full (EP-1).
+struct ProgramTiers {
+    tiers: Vec<OnceCell<Arc<Compiled>>>,
+}
+
+impl ProgramTiers {
+    /// Tiers for a pool of `max_instances`, none loaded yet.
+    fn empty(max_instances: u32) -> ProgramTiers {
+        ProgramTiers {
+            tiers: tier_sizes(max_instances)
+                .iter()
+                .map(|_| OnceCell::new())
+                .collect(),
+        }
+    }
+
+    /// One tier, loaded already: the controller's program, in its engine.
+    fn single(compiled: Compiled) -> ProgramTiers {
+        ProgramTiers {
+            tiers: vec![OnceCell::new_with(Some(Arc::new(compiled)))],
+        }
+    }
+}
+
+/// Component instances in the first tier of a process's engines for
+/// actors, and in the first two together: a proc usually runs a few
+/// actors, so that it starts with a pool of 32 (and 32 fiber stacks, each
+/// an `mprotect` and a mapping of its own) instead of all
+/// `--max-instances` of them.
+const FIRST_TIER: u32 = 32;
+const FIRST_TWO_TIERS: u32 = 256;
+
+/// The sizes of a process's engine tiers for a pool of `max_instances`:
+/// 32, then up to 256 in all, then the rest, so that they add up to
+/// `max_instances` (EP-1).
+fn tier_sizes(max_instances: u32) -> Vec<u32> {
+    let max = max_instances.max(1);
+    let mut sizes = Vec::new();
+    let mut total = 0;
+    for cumulative in [FIRST_TIER, FIRST_TWO_TIERS, max] {
+        let end = cumulative.min(max);
+        if end > total {
+            sizes.push(end - total);
+            total = end;
+        }
+    }
+    sizes
+}
 
 /// Log sinks by the events port they send to: one mailbox per controller.
 type LogSinks = Arc<Mutex<HashMap<String, LogSink>>>;
@@ -653,7 +711,7 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
             pre: pre.clone(),
             program: cluster.program.clone(),
         };
-        let cell = OnceCell::new_with(Some(Arc::new(compiled)));
+        let tiers = ProgramTiers::single(compiled);
         let key = program_key(
             &cluster.program.sha256,
             cluster.sandbox.max_instances,
@@ -662,7 +720,7 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
         programs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(key, Arc::new(cell));
+            .insert(key, Arc::new(tiers));
     }
     let mut registry = Registry::new(blob_dir);
     registry.register(
@@ -674,7 +732,7 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
             Box::pin(async move {
                 let params: WasmSpawnParams = serde_json::from_slice(&args.params)
                     .map_err(|e| format!("bad wasm spawn parameters: {e}"))?;
-                let cell = programs
+                let tiers = programs
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .entry(program_key(
@@ -682,12 +740,44 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
                         params.max_instances,
                         params.debug_engine,
                     ))
-                    .or_default()
+                    .or_insert_with(|| Arc::new(ProgramTiers::empty(params.max_instances)))
                     .clone();
-                let compiled = cell
-                    .get_or_try_init(|| load_program(&args, &params))
-                    .await?
-                    .clone();
+                // A place in the pool, taken before the actor starts: the
+                // actors of one spawn take theirs in rank order, so the
+                // first that does not fit is the one the error names. The
+                // first tier with room gives it; a tier is loaded only once
+                // the ones before it are full.
+                let mut placed = None;
+                for (tier, cell) in tiers.tiers.iter().enumerate() {
+                    let compiled = cell
+                        .get_or_try_init(|| load_program(&args, &params, tier))
+                        .await?;
+                    match engine::pool(&compiled.engine) {
+                        Some(pool) => {
+                            if let Some(slot) = pool.try_reserve() {
+                                placed = Some((compiled.clone(), Some(slot)));
+                                break;
+                            }
+                        }
+                        None => {
+                            placed = Some((compiled.clone(), None));
+                            break;
+                        }
+                    }
+                }
+                let (compiled, slot) = match placed {
+                    Some(placed) => placed,
+                    None => {
+                        let limit = match tiers.tiers.len() {
+                            1 => tiers.tiers[0]
+                                .get()
+                                .and_then(|c| engine::pool(&c.engine))
+                                .map_or(params.max_instances, |p| p.shape.instances),
+                            _ => params.max_instances,
+                        };
+                        return Err(engine::pool_full(limit));
+                    }
+                };
                 let needs = &compiled.program.needs;
                 if needs.initial_memory > params.memory_bytes as u64 {
                     return Err(engine::LoadError::MemoryCap {
@@ -697,13 +787,6 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
                     }
                     .to_string());
                 }
-                // A place in the pool, taken before the actor starts: the
-                // actors of one spawn take theirs in rank order, so the
-                // first that does not fit is the one the error names.
-                let slot = match engine::pool(&compiled.engine) {
-                    Some(pool) => Some(pool.reserve()?),
-                    None => None,
-                };
                 let log = match known_log {
                     Some((sha, log)) if sha == params.sha256 => log,
                     _ => log_to(&sinks, &args.proc, &args.events)?,
@@ -780,7 +863,7 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
     if !compiled_here {
         registry.on_blob(Arc::new(|path| {
             let footprint = engine::inspect_file(path).map_err(|e| e.to_string())?;
-            let engine = worker_engine(&footprint.needs, engine::DEFAULT_MAX_INSTANCES, false)?;
+            let engine = worker_engine(&footprint.needs, engine::DEFAULT_MAX_INSTANCES, 0, false)?;
             engine::load(&engine, path)
                 .map(|_| ())
                 .map_err(|e| e.to_string())
@@ -806,24 +889,36 @@ fn program_key(sha256: &str, max_instances: u32, debug_engine: bool) -> String {
 /// cap, which the stores' limits enforce.
 const WORKER_MEMORY: usize = 4 << 30;
 
-/// This process's engine for instances of programs that need `needs`, in a
-/// pool of `instances`: one engine per pool shape, made on first use and
-/// kept (programs of one kind share a shape; see [`engine::PoolShape`]).
+/// This process's engine of tier `tier` for instances of programs that
+/// need `needs`, of a pool of `max_instances` in all ([`tier_sizes`]): one
+/// engine per pool shape and tier, made on first use and kept (programs of
+/// one kind share a shape; see [`engine::PoolShape`]).
 /// With `debug_engine`, a debug engine ([`engine::pooled_debug_engine`]),
 /// kept apart from the normal ones.
 fn worker_engine(
     needs: &engine::Needs,
-    instances: u32,
+    max_instances: u32,
+    tier: usize,
     debug_engine: bool,
 ) -> Result<wasmtime::Engine, String> {
-    type Engines = Mutex<HashMap<(engine::PoolShape, bool), wasmtime::Engine>>;
+    type Engines = Mutex<HashMap<(engine::PoolShape, usize, bool), wasmtime::Engine>>;
     static ENGINES: OnceLock<Engines> = OnceLock::new();
+    let instances = *tier_sizes(max_instances)
+        .get(tier)
+        .ok_or_else(|| format!("no engine tier {tier} for a pool of {max_instances}"))?;
+    // Keyed by the whole pool's shape and the tier: two tiers of one size
+    // are two pools.
+    let key = (
+        engine::PoolShape::for_program(needs, max_instances, WORKER_MEMORY),
+        tier,
+        debug_engine,
+    );
     let shape = engine::PoolShape::for_program(needs, instances, WORKER_MEMORY);
     let mut engines = ENGINES
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|p| p.into_inner());
-    if let Some(engine) = engines.get(&(shape, debug_engine)) {
+    if let Some(engine) = engines.get(&key) {
         return Ok(engine.clone());
     }
     let engine = match debug_engine {
@@ -832,28 +927,40 @@ fn worker_engine(
     }
     .map_err(|e| format!("{e:#}"))?;
     engine::start_epoch_ticker(&engine);
-    engines.insert((shape, debug_engine), engine.clone());
+    engines.insert(key, engine.clone());
     Ok(engine)
 }
 
-/// Loads a program from the host's blob store, through the compile cache.
-/// The blob is mapped, not read: the proc keeps no copy of its bytes.
-async fn load_program(args: &SpawnArgs, params: &WasmSpawnParams) -> Result<Arc<Compiled>, String> {
+/// Loads a program from the host's blob store, through the compile cache,
+/// into this process's engine of tier `tier`. The blob is mapped, not
+/// read: the proc keeps no copy of its bytes.
+async fn load_program(
+    args: &SpawnArgs,
+    params: &WasmSpawnParams,
+    tier: usize,
+) -> Result<Arc<Compiled>, String> {
     let path = blob_path(&args.blob_dir, &params.sha256)?;
     let instances = params.max_instances;
     let debug_engine = params.debug_engine;
+    let sha256 = params.sha256.clone();
     let (engine, pre, needs) = {
         let path = path.clone();
         tokio::task::spawn_blocking(move || {
-            let footprint = engine::inspect_file(&path).map_err(|e| e.to_string())?;
-            let engine = worker_engine(&footprint.needs, instances, debug_engine)?;
-            let loaded = engine::load(&engine, &path).map_err(|e| e.to_string())?;
+            // The blob is named by its sha256, checked when it was stored:
+            // mapped, parsed and linked once here, not hashed again.
+            let bytes = engine::Mapped::open(&path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let footprint = engine::inspect(&path, &bytes).map_err(|e| e.to_string())?;
+            let engine = worker_engine(&footprint.needs, instances, tier, debug_engine)?;
             let linker = linker(&engine).map_err(|e| format!("{e:#}"))?;
+            let loaded = engine::load_inspected(&engine, &linker, &path, &bytes, footprint, sha256)
+                .map_err(|e| e.to_string())?;
+            drop(bytes);
             let pre = linker
                 .instantiate_pre(&loaded.component)
                 .and_then(ProgramPre::new)
                 .map_err(|e| format!("the program does not fit this host: {e:#}"))?;
-            Ok::<_, String>((engine, pre, footprint.needs))
+            Ok::<_, String>((engine, pre, loaded.footprint.needs))
         })
         .await
         .map_err(|e| format!("loading the program panicked: {e}"))??
@@ -891,4 +998,25 @@ fn log_to(
     });
     sinks.insert(key, sink.clone());
     Ok(sink)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tier_sizes;
+
+    /// EP-1: a proc's engines start with a pool of 32 and grow to 256, then
+    /// to `--max-instances`: the tiers add up to the flag, and a pool of 32
+    /// or fewer is one tier.
+    #[test]
+    fn ep1_engine_tiers_start_small_and_add_up_to_the_limit() {
+        assert_eq!(tier_sizes(1200), [32, 224, 944]);
+        assert_eq!(tier_sizes(256), [32, 224]);
+        assert_eq!(tier_sizes(40), [32, 8]);
+        assert_eq!(tier_sizes(32), [32]);
+        assert_eq!(tier_sizes(1), [1]);
+        assert_eq!(tier_sizes(0), [1]);
+        for max in [1, 2, 31, 33, 255, 257, 1200, 100_000] {
+            assert_eq!(tier_sizes(max).iter().sum::<u32>(), max, "{max}");
+        }
+    }
 }
