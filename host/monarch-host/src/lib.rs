@@ -22,6 +22,14 @@
 //! spinning guest yield and, past its wall clock deadline, trap; and
 //! handler deadlines that interrupt an actor stuck in one message.
 
+/// mimalloc, not glibc's malloc, in every binary built on this crate
+/// (`monarch-host`, `monarch-bench`, the procs they start): a message's
+/// trip through a proc makes and frees a few dozen small objects, and
+/// glibc's allocator spent a quarter of a proc's time on them
+/// (docs/benchmarks.md, "Allocation").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 pub mod bindings;
 pub mod build;
 pub mod console;
