@@ -8,6 +8,10 @@
 //!   only; room to write is waited for through a duplicate registered just
 //!   for that wait. A process is woken by what it reads, not by its peer
 //!   reading what it wrote.
+//! - TR-2: a plain read that fills less than its buffer emptied the socket:
+//!   the next read waits for the reactor, with no `recv` that can only say
+//!   `EAGAIN` (one system call fewer per frame a sleeping peer is woken
+//!   for).
 //!
 //! With TLS installed (`tls::install`), a TCP connection is a `Conn::Tls`
 //! after its handshake: the client's runs in [`connect`], the server's in
@@ -314,8 +318,19 @@ impl AsyncRead for ReadHalf {
                 Poll::Pending => return Poll::Pending,
             };
             let unfilled = buf.initialize_unfilled();
+            let asked = unfilled.len();
             match recv(guard.get_inner().as_raw_fd(), unfilled) {
                 Ok(n) => {
+                    // TR-2: a stream socket's `recv` returns less than it
+                    // was asked for only when it emptied the socket's
+                    // queue, so the next read waits for the reactor
+                    // instead of asking the kernel once more, for an
+                    // `EAGAIN`, after every frame. The guard clears only
+                    // the readiness it saw: bytes that came since keep
+                    // theirs.
+                    if n > 0 && n < asked {
+                        guard.clear_ready();
+                    }
                     buf.advance(n);
                     return Poll::Ready(Ok(()));
                 }
