@@ -39,6 +39,7 @@ use anyhow::{Context as _, bail};
 use clap::Args;
 use monarch_host::serve::api::{JobInfo, JobRequest, JobStatus, LogEnd, MeshChoice};
 use monarch_host::serve::client::ApiClient;
+use monarch_host::serve::quotas::RateLimit;
 use monarch_host::serve::{ServeConfig, Server};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -236,12 +237,21 @@ impl Suite<'_> {
         Ok(())
     }
 
+    /// A server as `monarch-host serve` makes one, but with no rate limit:
+    /// the suite's clients poll and submit faster than the default 100
+    /// requests a second of one principal, and it measures the server,
+    /// not its limiter.
     fn config(&self, data: &Path) -> ServeConfig {
-        ServeConfig::new(
+        let mut config = ServeConfig::new(
             SocketAddr::from(([127, 0, 0, 1], 0)),
             data.to_path_buf(),
             self.proc_program.clone(),
-        )
+        );
+        config.rate_limit = RateLimit {
+            per_second: 0.0,
+            burst: 0,
+        };
+        config
     }
 
     /// `upload_compile_*_ms`: each example uploaded to a fresh server with

@@ -145,6 +145,12 @@ async fn main(args: Vec<String>) -> Result<(), String> {
     if args.first().is_some_and(|a| a == "scale") {
         return scale::main(&args[1..]).await;
     }
+    if args
+        .first()
+        .is_some_and(|a| a == "gather-loop" || a == "broadcast-loop")
+    {
+        return profile_loop(&args).await;
+    }
     let quick = args.iter().any(|a| a == "quick");
     if args.iter().any(|a| a == "mesh") {
         return mesh_suite(quick).await;
@@ -364,6 +370,47 @@ async fn gather_scaling(actors: &ActorMesh<Echoer>, sizes: &MeshSizes) -> Result
         line.push_str(&format!(" {procs}={:.1}", micros(median(samples))));
     }
     info!("{line}");
+    Ok(())
+}
+
+/// A workload of the mesh suite in a loop for 10 s, for profilers
+/// (`perf record -a`, `perf sched`): `gather-loop [PROCS [SLICE]]` makes
+/// gathered calls to the first SLICE of PROCS procs (16 and all by
+/// default), `broadcast-loop` runs 100 broadcasts and a call over 16
+/// procs; the mean time of one goes to the log. Run it as `monarch-host run
+/// controller_bench.wasm -- gather-loop 16`.
+async fn profile_loop(args: &[String]) -> Result<(), String> {
+    let arg = |at: usize, default: u32| {
+        args.get(at)
+            .map(|a| a.parse::<u32>().map_err(|e| format!("`{a}`: {e}")))
+            .unwrap_or(Ok(default))
+    };
+    let procs = arg(1, PROCS)?;
+    let slice = arg(2, procs)?.min(procs);
+    let (_, _procs, all) = spawn_and_call(procs, "loop").await?;
+    let actors = all.slice(&[SliceDim::range("procs", 0..slice)])?;
+    let started = Instant::now();
+    let mut count = 0u64;
+    while started.elapsed() < Duration::from_secs(10) {
+        if args[0] == "broadcast-loop" {
+            for _ in 0..BROADCASTS {
+                actors.broadcast(&Bump).map_err(|e| e.to_string())?;
+            }
+            actors.call(&Count).await?;
+        } else {
+            actors.call(&Ping(count as i64)).await?;
+        }
+        count += 1;
+    }
+    let what = match args[0].as_str() {
+        "broadcast-loop" => format!("{BROADCASTS} broadcasts and a call over {slice} procs"),
+        _ => format!("gathers over {slice} of {procs} procs"),
+    };
+    info!(
+        "LOOP {count} x {what} in {:.1} s: {:.1} us each",
+        started.elapsed().as_secs_f64(),
+        micros(started.elapsed()) / count.max(1) as f64
+    );
     Ok(())
 }
 
