@@ -1044,7 +1044,14 @@ pub(crate) fn new_store(cluster: &Arc<Cluster>, state: HostState) -> Store<HostS
         {
             probe.take_sample(&cx);
         }
-        Ok(UpdateDeadline::Yield(1))
+        // Under simulation (`test --sim`) the guest goes on at a tick
+        // instead of yielding: the ticks come from a thread on the real
+        // clock, so where a guest yielded would depend on how fast this
+        // machine ran it, and a seed's run would not repeat (SIM-3).
+        match hyperactor::sim::Simulation::active() {
+            true => Ok(UpdateDeadline::Continue(1)),
+            false => Ok(UpdateDeadline::Yield(1)),
+        }
     });
     store.set_epoch_deadline(1);
     store
