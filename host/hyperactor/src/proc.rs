@@ -2870,6 +2870,10 @@ mod tracing_tests {
             .with(spans.clone())
             .with(tracing_subscriber::filter::LevelFilter::TRACE);
         tracing::subscriber::with_default(subscriber, || {
+            // Other tests' threads may have registered these spans'
+            // callsites while this subscriber was being set, caching an
+            // interest that leaves it out; recompute it with it in.
+            tracing::callsite::rebuild_interest_cache();
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
