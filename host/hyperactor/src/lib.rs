@@ -68,6 +68,6 @@ pub use actor::{Actor, ActorHandle, ActorRef, ActorStatus, Context, Exports, Han
 pub use channel::ChannelAddr;
 pub use failure::{ActorSupervisionEvent, CallError, DeliveryFailure, Undeliverable};
 pub use id::{ActorId, PortId, ProcId};
-pub use mailbox::{Mailbox, OncePort, OncePortRef, Port, PortRef};
+pub use mailbox::{Mailbox, OncePort, OncePortRef, PendingCall, Port, PortRef};
 pub use message::RemoteMessage;
 pub use proc::{ClusterToken, Proc, ProcConfig, ProcError};

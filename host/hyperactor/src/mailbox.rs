@@ -21,6 +21,10 @@
 //!   waits on becomes unreachable, or when the call timeout passes.
 //! - MB-3: dropping a port's receiving end closes the port; later messages
 //!   to it are undeliverable (`UnknownPort`).
+//! - MB-4: a call started with [`Mailbox::start_call_then`] hands its reply,
+//!   or the failure that stands in for it, to its function in the task that
+//!   delivers it, exactly once; [`PendingCall::expire`] ends it instead if
+//!   it comes first. No task or timer waits for it.
 
 use std::any::{Any, type_name};
 use std::collections::HashMap;
@@ -404,6 +408,48 @@ impl Mailbox {
         }
     }
 
+    /// Sends the message `make` builds around a fresh reply port to `dest`
+    /// now, and runs `then` with the reply, or the failure that stands in
+    /// for it, in whichever task delivers it (MB-4): no task waits for
+    /// the reply and no timer is set. `then` runs at most once and must
+    /// not block; it never runs if the port is closed first (this mailbox
+    /// ends, or [`PendingCall::expire`] is too late). The caller bounds
+    /// the wait: a call whose callee never answers holds its port until
+    /// [`PendingCall::expire`].
+    pub fn start_call_then<M, R>(
+        &self,
+        dest: &PortId,
+        make: impl FnOnce(OncePortRef<R>) -> M,
+        then: impl FnOnce(Result<R, CallError>) + Send + 'static,
+    ) -> PendingCall<R>
+    where
+        M: RemoteMessage,
+        R: RemoteMessage,
+    {
+        let dest_addr = dest.actor_id().proc_id();
+        let remote = !dest_addr.same(self.proc.id());
+        let sink = Arc::new(CallbackSink {
+            then: Mutex::new(Some(Box::new(then))),
+            expects_from: remote.then(|| dest_addr.addr().clone()),
+        });
+        let port = self.entry.open(sink.clone());
+        let reply = OncePortRef {
+            id: self.entry.id.port_id(port),
+            _message: PhantomData,
+        };
+        self.proc.post(
+            &self.entry.id,
+            dest,
+            make(reply),
+            Some(self.entry.id.port_id(port)),
+        );
+        PendingCall {
+            entry: Arc::downgrade(&self.entry),
+            port,
+            sink: Arc::downgrade(&sink),
+        }
+    }
+
     /// Sends the message `make` builds around a fresh reply port to `dest`,
     /// and waits for the reply, at most `timeout`.
     ///
@@ -506,6 +552,74 @@ impl<M: RemoteMessage> PortSink for OnceSink<M> {
 
     fn expects_from(&self) -> Option<&ChannelAddr> {
         self.expects_from.as_ref()
+    }
+}
+
+/// A once-port that hands what it takes to a function (MB-4).
+struct CallbackSink<M> {
+    #[allow(clippy::type_complexity)]
+    then: Mutex<Option<Box<dyn FnOnce(Result<M, CallError>) + Send>>>,
+    expects_from: Option<ChannelAddr>,
+}
+
+impl<M> CallbackSink<M> {
+    /// Runs the function, unless it ran already.
+    fn run(&self, result: Result<M, CallError>) {
+        let then = self.then.lock().take();
+        if let Some(then) = then {
+            then(result);
+        }
+    }
+}
+
+impl<M: RemoteMessage> PortSink for CallbackSink<M> {
+    fn deliver(&self, payload: Payload<'_>, meta: Meta) -> Result<(), DeliveryFailure> {
+        let result = payload.into_message::<M>(&meta.dest);
+        let malformed = result.as_ref().err().cloned();
+        self.run(result.map_err(CallError::from));
+        match malformed {
+            Some(failure) => Err(failure),
+            None => Ok(()),
+        }
+    }
+
+    fn fail(&self, failure: DeliveryFailure) {
+        self.run(Err(CallError::from(failure)));
+    }
+
+    fn is_once(&self) -> bool {
+        true
+    }
+
+    fn expects_from(&self) -> Option<&ChannelAddr> {
+        self.expects_from.as_ref()
+    }
+}
+
+/// A call started with [`Mailbox::start_call_then`]. Holding it keeps
+/// nothing alive: it only lets the caller end the call.
+pub struct PendingCall<M> {
+    entry: std::sync::Weak<MailboxEntry>,
+    port: u64,
+    sink: std::sync::Weak<CallbackSink<M>>,
+}
+
+impl<M> PendingCall<M> {
+    /// Whether the call is still waiting for its reply.
+    pub fn waiting(&self) -> bool {
+        self.sink.strong_count() > 0
+    }
+
+    /// Ends the call with `error` if it is still waiting: its port closes,
+    /// and its function runs with the error.
+    pub fn expire(&self, error: CallError) {
+        let Some(sink) = self.sink.upgrade() else {
+            return;
+        };
+        if let Some(entry) = self.entry.upgrade() {
+            entry.close(self.port);
+        }
+        sink.run(Err(error));
     }
 }
 
@@ -717,6 +831,85 @@ mod tests {
             undeliverable.reason,
             DeliveryFailure::UnknownPort { .. }
         ));
+    }
+
+    /// A call of `start_call_then` whose function sends what it gets.
+    fn call_then(
+        client: &Mailbox,
+        dest: &PortId,
+        n: u64,
+    ) -> (
+        PendingCall<u64>,
+        mpsc::UnboundedReceiver<Result<u64, CallError>>,
+    ) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let call = client.start_call_then(
+            dest,
+            |reply| (n, reply),
+            move |result| {
+                let _ = tx.send(result);
+            },
+        );
+        (call, rx)
+    }
+
+    #[tokio::test]
+    async fn mb4_a_call_hands_its_reply_to_its_function_once() {
+        let proc = proc().await;
+        let (server, _) = proc.attach("server").unwrap();
+        let (client, _) = proc.attach("client").unwrap();
+        let mut requests = server.open_port::<(u64, OncePortRef<u64>)>();
+        let (call, mut got) = call_then(&client, requests.id(), 7);
+        assert!(call.waiting());
+        let (n, reply) = requests.recv().await.unwrap();
+        reply.send(&server, n * 6);
+        assert_eq!(got.recv().await.unwrap().unwrap(), 42);
+        assert!(!call.waiting());
+        // Too late: the function ran, and runs no more.
+        call.expire(CallError::Timeout(Duration::from_secs(1)));
+        assert!(got.recv().await.is_none(), "the function ran twice");
+    }
+
+    #[tokio::test]
+    async fn mb4_an_expired_call_ends_with_its_error_and_its_port_closes() {
+        let proc = proc().await;
+        let (server, mut returned) = proc.attach("server").unwrap();
+        let (client, _) = proc.attach("client").unwrap();
+        let mut requests = server.open_port::<(u64, OncePortRef<u64>)>();
+        let (call, mut got) = call_then(&client, requests.id(), 1);
+        let (_, reply) = requests.recv().await.unwrap();
+        call.expire(CallError::Timeout(Duration::from_millis(5)));
+        assert!(matches!(
+            got.recv().await.unwrap(),
+            Err(CallError::Timeout(t)) if t == Duration::from_millis(5)
+        ));
+        assert!(!call.waiting());
+        // The late reply finds no port, and the function does not run again.
+        reply.send(&server, 2);
+        let late = returned.recv().await.unwrap();
+        assert!(
+            matches!(late.reason, DeliveryFailure::UnknownPort { .. }),
+            "{late}"
+        );
+        assert!(got.recv().await.is_none(), "the function ran twice");
+    }
+
+    #[tokio::test]
+    async fn mb4_an_undeliverable_call_ends_with_the_failure() {
+        let proc = proc().await;
+        let (server, _) = proc.attach("server").unwrap();
+        let (client, _) = proc.attach("client").unwrap();
+        let requests = server.open_port::<(u64, OncePortRef<u64>)>();
+        let dest = requests.id().clone();
+        drop(requests);
+        let (call, mut got) = call_then(&client, &dest, 1);
+        assert!(matches!(
+            got.recv().await.unwrap(),
+            Err(CallError::Undeliverable(
+                DeliveryFailure::UnknownPort { .. }
+            ))
+        ));
+        assert!(!call.waiting());
     }
 
     #[tokio::test]

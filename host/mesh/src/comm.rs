@@ -20,11 +20,16 @@
 //!   fails the dead proc's own ranks and forwards the cast to the dead
 //!   proc's children itself; a node that gets a cast again answers the new
 //!   parent with what it has or will have. Ranks on live procs complete.
-//! - CA-4: every local delivery ends within the cast's timeout, so every
-//!   live subtree answers.
+//! - CA-4: every local delivery of a node ends within the cast's timeout,
+//!   so every live subtree answers.
 //! - CA-5: broadcasts send nothing back up the tree: each rank's error goes
 //!   straight to the caster, and nodes keep a broadcast (to take over the
 //!   children of a proc that dies) until its timeout passes.
+//! - CA-6: a leaf whose parent is the caster folds each local actor's reply
+//!   in the task that delivers it (`Mailbox::start_call_then`): no task or
+//!   timer per rank. The caster keeps the cast's deadline itself; a call
+//!   still unanswered at the timeout is ended, its port closed and its
+//!   rank failed with `Timeout`, when the comm actor next takes a cast.
 //!
 //! A cast's message is shared, not copied, between the children it goes to
 //! ([`SharedBytes`]): each child's frame is archived from the one buffer, and
@@ -38,8 +43,8 @@ use tokio::time::Instant;
 
 use hyperactor::message::handler_port;
 use hyperactor::{
-    Actor, Context, DeliveryFailure, Exports, Handler, Mailbox, OncePortRef, PortId, PortRef,
-    ProcId, RemoteMessage,
+    Actor, Context, DeliveryFailure, Exports, Handler, Mailbox, OncePortRef, PendingCall, PortId,
+    PortRef, ProcId, RemoteMessage,
 };
 use parking_lot::Mutex;
 use rkyv::Place;
@@ -448,12 +453,65 @@ struct CommState {
     sent_order: VecDeque<Key>,
     dead: HashMap<ProcId, String>,
     last_sweep: Option<Instant>,
+    /// The calls of leaf deliveries (CA-6), soonest deadline first.
+    calls: std::collections::BinaryHeap<Expiring>,
+    /// When `calls` is next cleared of the calls already answered.
+    compact_at: usize,
 }
+
+/// A leaf delivery's call to a local actor and when it times out (CA-6).
+struct Expiring {
+    at: Instant,
+    timeout: Duration,
+    call: PendingCall<Result<Vec<u8>, String>>,
+}
+
+impl PartialEq for Expiring {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at
+    }
+}
+
+impl Eq for Expiring {}
+
+impl PartialOrd for Expiring {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Expiring {
+    /// Reversed, so that the heap's top is the soonest deadline.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.at.cmp(&self.at)
+    }
+}
+
+/// Calls kept before the answered ones are first cleared out of them.
+const CALLS_COMPACT_MIN: usize = 256;
 
 /// How long after its timeout a cast's state is dropped by a comm actor.
 const GRACE: Duration = Duration::from_secs(2);
 
 impl CommState {
+    /// Keeps leaf calls until they are answered or time out (CA-6).
+    fn track(&mut self, calls: Vec<Expiring>) {
+        self.calls.extend(calls);
+        if self.calls.len() > self.compact_at.max(CALLS_COMPACT_MIN) {
+            self.calls.retain(|e| e.call.waiting());
+            self.compact_at = self.calls.len() * 2;
+        }
+    }
+
+    /// Takes the leaf calls whose deadline is past.
+    fn expired(&mut self, now: Instant) -> Vec<Expiring> {
+        let mut out = Vec::new();
+        while self.calls.peek().is_some_and(|e| e.at <= now) {
+            out.extend(self.calls.pop());
+        }
+        out
+    }
+
     /// Sends a finished node's partial to its parent and keeps a copy.
     fn finish(&mut self, sender: &Mailbox, key: Key) {
         if self
@@ -558,6 +616,11 @@ impl Handler<Cast> for CommActor {
         cx.proc().ready_all().await;
         let key: Key = (cast.origin.clone(), cast.seq);
         let now = Instant::now();
+        // Outside the lock: a call's function sends its leaf's result.
+        let expired = self.state.lock().expired(now);
+        for e in expired {
+            e.call.expire(hyperactor::CallError::Timeout(e.timeout));
+        }
         let mut state = self.state.lock();
         state.sweep(now);
         // Asked again by a new parent after a death (CA-3).
@@ -588,7 +651,10 @@ impl Handler<Cast> for CommActor {
             // for or take over, and the caster never asks again, so nothing
             // need be kept (CA-3 still holds: the maps were checked above).
             drop(state);
-            deliver_leaf(cx, cast);
+            let calls = deliver_leaf(cx, cast);
+            if !calls.is_empty() {
+                self.state.lock().track(calls);
+            }
             return Ok(());
         }
         let timeout = Duration::from_millis(cast.timeout_ms);
@@ -759,9 +825,10 @@ fn rank_result(
 }
 
 /// Delivers a leaf cast whose parent is the caster: each local actor's
-/// reply is folded on a task of its own, and the last one sends the
-/// subtree's result.
-fn deliver_leaf(cx: &Context<CommActor>, cast: Cast) {
+/// reply is folded by the task that delivers it, and the last one sends
+/// the subtree's result (CA-6). Returns the calls, for the comm actor to
+/// end those still unanswered at the cast's timeout.
+fn deliver_leaf(cx: &Context<CommActor>, cast: Cast) -> Vec<Expiring> {
     let mode = cast.mode;
     let fold = mode.fold();
     let ranks = cast.tree.ranks.into_iter().next().unwrap_or_default();
@@ -798,9 +865,10 @@ fn deliver_leaf(cx: &Context<CommActor>, cast: Cast) {
             };
             cast.parent.send(cx, subtree(leaf));
         }
-        return;
+        return Vec::new();
     }
     let timeout = Duration::from_millis(cast.timeout_ms);
+    let deadline = Instant::now() + timeout;
     let proc = cx.proc().id().clone();
     // One count per rank, plus one for this loop, so that exactly one of
     // them (the last to finish) sends the result.
@@ -810,6 +878,7 @@ fn deliver_leaf(cx: &Context<CommActor>, cast: Cast) {
         trace,
     }));
     let subtree = Arc::new(subtree);
+    let mut calls = Vec::with_capacity(ranks.len());
     // The last rank takes the decoded buffer itself; only a proc with
     // several ranks copies it for the others.
     let last = ranks.len() - 1;
@@ -836,13 +905,6 @@ fn deliver_leaf(cx: &Context<CommActor>, cast: Cast) {
         };
         let endpoint = cast.endpoint.clone();
         let traced = traced.then(|| (crate::trace::now_ns(), endpoint.clone(), cast.mesh.clone()));
-        let reply = cx.start_call(&dest, |reply| MeshCall {
-            endpoint,
-            message: body,
-            broadcast: mode == CastMode::Broadcast,
-            handler_timeout_ms: cast.handler_timeout_ms,
-            reply,
-        });
         let (shared, mailbox, parent, origin, subtree) = (
             shared.clone(),
             (**cx).clone(),
@@ -850,8 +912,8 @@ fn deliver_leaf(cx: &Context<CommActor>, cast: Cast) {
             origin.clone(),
             subtree.clone(),
         );
-        tokio::spawn(async move {
-            let result = rank_result(reply.recv_timeout(timeout).await);
+        let then = move |reply| {
+            let result = rank_result(reply);
             if mode == CastMode::Stream || (mode == CastMode::Broadcast && result.is_err()) {
                 let item = CastReply::Item {
                     seq,
@@ -875,6 +937,22 @@ fn deliver_leaf(cx: &Context<CommActor>, cast: Cast) {
             {
                 parent.send(&mailbox, subtree(leaf));
             }
+        };
+        let call = cx.start_call_then(
+            &dest,
+            |reply| MeshCall {
+                endpoint,
+                message: body,
+                broadcast: mode == CastMode::Broadcast,
+                handler_timeout_ms: cast.handler_timeout_ms,
+                reply,
+            },
+            then,
+        );
+        calls.push(Expiring {
+            at: deadline,
+            timeout,
+            call,
         });
     }
     let done = {
@@ -887,6 +965,7 @@ fn deliver_leaf(cx: &Context<CommActor>, cast: Cast) {
     {
         cast.parent.send(cx, subtree(leaf));
     }
+    calls
 }
 
 /// What a leaf delivery has so far: the deliveries still out (and one for
@@ -1030,5 +1109,65 @@ mod tests {
         }
         let sizes: Vec<usize> = chunks.iter().map(|(lo, hi)| hi - lo).collect();
         assert!(sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1);
+    }
+
+    /// CA-6: a leaf's calls are kept until answered or past their deadline;
+    /// one past it is ended with `Timeout`, and answered ones are cleared
+    /// out as more come, so the comm actor keeps only what is in flight.
+    #[tokio::test]
+    async fn ca6_leaf_calls_time_out_at_the_next_cast_and_answered_ones_are_dropped() {
+        let addr = format!("local:comm-ca6-{}", std::process::id())
+            .parse()
+            .unwrap();
+        let proc = hyperactor::Proc::serve_with_config("ca6", addr, Default::default())
+            .await
+            .unwrap();
+        let (server, _) = proc.attach("server").unwrap();
+        let (client, _) = proc.attach("client").unwrap();
+        let mut requests = server.open_port::<(u64, OncePortRef<Result<Vec<u8>, String>>)>();
+        let (tx, mut got) = tokio::sync::mpsc::unbounded_channel();
+        let dest = requests.id().clone();
+        let call = |n: u64, at: Instant| {
+            let tx = tx.clone();
+            let call = client.start_call_then(
+                &dest,
+                |reply| (n, reply),
+                move |reply| {
+                    let _ = tx.send((n, rank_result(reply)));
+                },
+            );
+            Expiring {
+                at,
+                timeout: Duration::from_millis(100),
+                call,
+            }
+        };
+        let now = Instant::now();
+        let mut state = CommState::default();
+        // Answered calls, more than are kept before the answered are
+        // cleared out: what is kept stays bounded.
+        for n in 0..(CALLS_COMPACT_MIN as u64 * 3) {
+            state.track(vec![call(n, now + Duration::from_secs(60))]);
+            let (m, reply) = requests.recv().await.unwrap();
+            reply.send(&server, Ok(m.to_le_bytes().to_vec()));
+            let (answered, result) = got.recv().await.unwrap();
+            assert_eq!((answered, result.unwrap()), (n, n.to_le_bytes().to_vec()));
+        }
+        assert!(
+            state.calls.len() <= CALLS_COMPACT_MIN + 1,
+            "{} answered calls kept",
+            state.calls.len()
+        );
+        // One nobody answers: not yet due, then due and ended with Timeout.
+        state.track(vec![call(999, now + Duration::from_millis(100))]);
+        assert!(state.expired(now).is_empty());
+        let due = state.expired(now + Duration::from_millis(100));
+        assert_eq!(due.len(), 1);
+        for e in due {
+            e.call.expire(hyperactor::CallError::Timeout(e.timeout));
+        }
+        let (n, result) = got.recv().await.unwrap();
+        assert_eq!(n, 999);
+        assert!(matches!(result, Err(RankError::Timeout(100))), "{result:?}");
     }
 }
