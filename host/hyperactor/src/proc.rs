@@ -1589,9 +1589,12 @@ async fn serve_frames(
                 let carried = link.piggybacked(*generation).min(progress.delivered);
                 if carried > acked {
                     acked = carried;
-                    if acked == progress.delivered {
-                        ack_deadline = None;
-                    }
+                    // What is left came after what the data frame carried:
+                    // its deadline starts now. Kept from the first frame,
+                    // a conversation's steady stream of requests would
+                    // each time reach it and write an acknowledgement of
+                    // its own, waking the peer for nothing.
+                    ack_deadline = None;
                 }
                 if progress.delivered > acked {
                     link.offer_ack(*generation, progress.delivered);
@@ -1737,8 +1740,13 @@ async fn serve_frames(
                     Sink::Link(link, generation) => link.piggybacked(*generation),
                     _ => 0,
                 };
-                if carried < progress.delivered && !sink.ack(progress.delivered).await? {
-                    return Ok(());
+                if carried < progress.delivered {
+                    if let Some(inner) = weak.upgrade() {
+                        inner.stats.acks_alone.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if !sink.ack(progress.delivered).await? {
+                        return Ok(());
+                    }
                 }
                 acked = progress.delivered;
                 ack_deadline = None;
@@ -2060,6 +2068,39 @@ mod tests {
         assert!(piggybacked(&b) >= 199, "b: {}", piggybacked(&b));
         assert!(piggybacked(&a) >= 198, "a: {}", piggybacked(&a));
         assert!(b.unacked_bytes() > 0, "the last reply waits for its ack");
+    }
+
+    /// LK-10: in a conversation whose calls come more often than the ack
+    /// interval but never before the last reply, each reply and call
+    /// carries the other's acknowledgement: the deadline of what is left
+    /// starts when a data frame carried the rest, so it never passes and
+    /// no acknowledgement is written alone to wake the peer.
+    #[tokio::test]
+    async fn lk10_a_steady_conversation_writes_no_acknowledgement_alone() {
+        let config = ProcConfig {
+            ack_interval: Duration::from_millis(20),
+            ..quick()
+        };
+        let (a, b, _, echo_b, client_a, _) = pair_with("lk10-steady", config).await;
+        let started = std::time::Instant::now();
+        for round in 0..60u32 {
+            let payload = round.to_le_bytes().to_vec();
+            let ping = |reply| Echo {
+                payload: payload.clone(),
+                reply,
+            };
+            assert_eq!(echo_b.call(&client_a, ping).await.unwrap(), payload);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        let alone = |p: &Proc| p.stats().acks_alone.load(Ordering::Relaxed);
+        // The last reply's may have gone alone by now; nothing else did.
+        assert!(
+            alone(&a) + alone(&b) <= 1,
+            "acknowledgements written alone: a {}, b {}",
+            alone(&a),
+            alone(&b)
+        );
     }
 
     /// LK-9: a proc that answers the proc that called it does so on the

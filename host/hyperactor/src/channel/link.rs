@@ -49,7 +49,9 @@
 //!   front of its next data frame, in the same system call; the reader
 //!   writes one alone only if no data frame took it by its ack interval.
 //!   A request and its reply thus acknowledge each other, and neither
-//!   peer is woken for an acknowledgement alone.
+//!   peer is woken for an acknowledgement alone. The interval runs from the
+//!   first frame no data frame has carried: when one carries some, the
+//!   deadline of the rest starts again.
 
 use std::collections::VecDeque;
 use std::io;
@@ -124,6 +126,9 @@ pub struct ChannelStats {
     /// Acknowledgements written in front of a data frame the other way
     /// instead of alone (LK-10).
     pub acks_piggybacked: AtomicU64,
+    /// Acknowledgements written alone, their deadline passed with no data
+    /// frame the other way to carry them (LK-10).
+    pub acks_alone: AtomicU64,
 }
 
 /// Settings a link needs.
