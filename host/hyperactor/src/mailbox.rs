@@ -396,16 +396,40 @@ impl Mailbox {
         expects_from: Option<ChannelAddr>,
     ) -> OncePort<M> {
         let (tx, rx) = oneshot::channel();
-        let sink = OnceSink {
-            tx: Mutex::new(Some(tx)),
-            expects_from,
-        };
-        let port = self.entry.open(Arc::new(sink));
+        let (port, _) = self.open_once_sink(expects_from, move |result| {
+            let _ = tx.send(result);
+        });
         OncePort {
             id: self.entry.id.port_id(port),
             rx,
             entry: self.entry.clone(),
         }
+    }
+
+    /// Opens a once-port whose delivery, message or failure, goes to
+    /// `then` (MB-1).
+    fn open_once_sink<M, F>(
+        &self,
+        expects_from: Option<ChannelAddr>,
+        then: F,
+    ) -> (u64, Arc<OnceSink<M, F>>)
+    where
+        M: RemoteMessage,
+        F: FnOnce(Result<M, CallError>) + Send + 'static,
+    {
+        let sink = Arc::new(OnceSink {
+            then: Mutex::new(Some(then)),
+            expects_from,
+            _message: PhantomData,
+        });
+        (self.entry.open(sink.clone()), sink)
+    }
+
+    /// The proc a reply from `dest` comes from, when it is not this one: a
+    /// call's once-port fails if that proc becomes unreachable (MB-2).
+    fn reply_from(&self, dest: &PortId) -> Option<ChannelAddr> {
+        let proc = dest.actor_id().proc_id();
+        (!proc.same(self.proc.id())).then(|| proc.addr().clone())
     }
 
     /// Sends the message `make` builds around a fresh reply port to `dest`
@@ -426,23 +450,14 @@ impl Mailbox {
         M: RemoteMessage,
         R: RemoteMessage,
     {
-        let dest_addr = dest.actor_id().proc_id();
-        let remote = !dest_addr.same(self.proc.id());
-        let sink = Arc::new(CallbackSink {
-            then: Mutex::new(Some(Box::new(then))),
-            expects_from: remote.then(|| dest_addr.addr().clone()),
-        });
-        let port = self.entry.open(sink.clone());
-        let reply = OncePortRef {
-            id: self.entry.id.port_id(port),
+        let (port, sink) = self.open_once_sink(self.reply_from(dest), then);
+        let id = self.entry.id.port_id(port);
+        let message = make(OncePortRef {
+            id: id.clone(),
             _message: PhantomData,
-        };
-        self.proc.post(
-            &self.entry.id,
-            dest,
-            make(reply),
-            Some(self.entry.id.port_id(port)),
-        );
+        });
+        self.proc.post(&self.entry.id, dest, message, Some(id));
+        let sink: Arc<dyn RunOnce<R>> = sink;
         PendingCall {
             entry: Arc::downgrade(&self.entry),
             port,
@@ -481,9 +496,7 @@ impl Mailbox {
         M: RemoteMessage,
         R: RemoteMessage,
     {
-        let dest_addr = dest.actor_id().proc_id();
-        let remote = !dest_addr.same(self.proc.id());
-        let reply = self.open_once_port_from::<R>(remote.then(|| dest_addr.addr().clone()));
+        let reply = self.open_once_port_from::<R>(self.reply_from(dest));
         let message = make(reply.bind());
         self.proc
             .post(&self.entry.id, dest, message, Some(reply.id.clone()));
@@ -522,48 +535,25 @@ impl<M: RemoteMessage> PortSink for StreamSink<M> {
     }
 }
 
-struct OnceSink<M> {
-    tx: Mutex<Option<oneshot::Sender<Result<M, DeliveryFailure>>>>,
+/// A once-port: hands its one delivery, message or failure, to a function
+/// (MB-1): the channel a [`OncePort`] waits on, or the function of a call
+/// started with [`Mailbox::start_call_then`] (MB-4).
+struct OnceSink<M, F> {
+    then: Mutex<Option<F>>,
     expects_from: Option<ChannelAddr>,
+    _message: PhantomData<fn(M)>,
 }
 
-impl<M: RemoteMessage> PortSink for OnceSink<M> {
-    fn deliver(&self, payload: Payload<'_>, meta: Meta) -> Result<(), DeliveryFailure> {
-        let result = payload.into_message::<M>(&meta.dest);
-        let malformed = result.as_ref().err().cloned();
-        if let Some(tx) = self.tx.lock().take() {
-            let _ = tx.send(result);
-        }
-        match malformed {
-            Some(failure) => Err(failure),
-            None => Ok(()),
-        }
-    }
-
-    fn fail(&self, failure: DeliveryFailure) {
-        if let Some(tx) = self.tx.lock().take() {
-            let _ = tx.send(Err(failure));
-        }
-    }
-
-    fn is_once(&self) -> bool {
-        true
-    }
-
-    fn expects_from(&self) -> Option<&ChannelAddr> {
-        self.expects_from.as_ref()
-    }
+/// What a [`PendingCall`] needs of its port's sink.
+trait RunOnce<M>: Send + Sync {
+    /// Runs the sink's function, unless it ran already.
+    fn run(&self, result: Result<M, CallError>);
 }
 
-/// A once-port that hands what it takes to a function (MB-4).
-struct CallbackSink<M> {
-    #[allow(clippy::type_complexity)]
-    then: Mutex<Option<Box<dyn FnOnce(Result<M, CallError>) + Send>>>,
-    expects_from: Option<ChannelAddr>,
-}
-
-impl<M> CallbackSink<M> {
-    /// Runs the function, unless it ran already.
+impl<M, F> RunOnce<M> for OnceSink<M, F>
+where
+    F: FnOnce(Result<M, CallError>) + Send,
+{
     fn run(&self, result: Result<M, CallError>) {
         let then = self.then.lock().take();
         if let Some(then) = then {
@@ -572,7 +562,11 @@ impl<M> CallbackSink<M> {
     }
 }
 
-impl<M: RemoteMessage> PortSink for CallbackSink<M> {
+impl<M, F> PortSink for OnceSink<M, F>
+where
+    M: RemoteMessage,
+    F: FnOnce(Result<M, CallError>) + Send,
+{
     fn deliver(&self, payload: Payload<'_>, meta: Meta) -> Result<(), DeliveryFailure> {
         let result = payload.into_message::<M>(&meta.dest);
         let malformed = result.as_ref().err().cloned();
@@ -601,7 +595,7 @@ impl<M: RemoteMessage> PortSink for CallbackSink<M> {
 pub struct PendingCall<M> {
     entry: std::sync::Weak<MailboxEntry>,
     port: u64,
-    sink: std::sync::Weak<CallbackSink<M>>,
+    sink: std::sync::Weak<dyn RunOnce<M>>,
 }
 
 impl<M> PendingCall<M> {
@@ -658,7 +652,7 @@ impl<M> Drop for Port<M> {
 /// Dropping it closes the port.
 pub struct OncePort<M> {
     id: PortId,
-    rx: oneshot::Receiver<Result<M, DeliveryFailure>>,
+    rx: oneshot::Receiver<Result<M, CallError>>,
     entry: Arc<MailboxEntry>,
 }
 
@@ -679,7 +673,7 @@ impl<M: RemoteMessage> OncePort<M> {
     /// Waits for the message, or the failure that stands in for it.
     pub async fn recv(mut self) -> Result<M, CallError> {
         match (&mut self.rx).await {
-            Ok(result) => result.map_err(CallError::from),
+            Ok(result) => result,
             Err(_) => Err(CallError::Closed),
         }
     }
