@@ -324,16 +324,19 @@ fn processes() -> Vec<(u32, Vec<String>)> {
     entries
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| {
-            let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            let argv = raw
-                .split(|b| *b == 0)
-                .filter(|a| !a.is_empty())
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect();
-            Some((pid, argv))
-        })
+        .filter_map(|pid| Some((pid, argv_of(pid)?)))
         .collect()
+}
+
+/// Process `pid`'s argv, from `/proc`.
+fn argv_of(pid: u32) -> Option<Vec<String>> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(
+        raw.split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect(),
+    )
 }
 
 /// Whether `argv` runs a binary from `dir`.
@@ -383,7 +386,7 @@ impl Watch {
                         // A proc has the token in its environment: its agent
                         // hands it the mesh's bootstrap config there.
                         let environ = !ours || agent;
-                        seen.leaks.extend(leaks(pid, token, environ));
+                        seen.leaks.extend(leaks(pid, &argv, token, environ));
                     }
                     if !ours {
                         continue;
@@ -414,9 +417,12 @@ fn netns_of(pid: u32) -> Option<u64> {
     link.strip_prefix("net:[")?.strip_suffix(']')?.parse().ok()
 }
 
-/// Where process `pid` holds `token`: `PID: cmdline`, or with `environ`
-/// also `PID: environ`.
-fn leaks(pid: u32, token: &str, environ: bool) -> Vec<String> {
+/// Where process `pid`, seen running `argv`, holds `token`: `PID:
+/// cmdline`, or with `environ` also `PID: environ`. An environment read
+/// after the process exec'd something else (a proc its agent just
+/// started, seen with the agent's argv) is not counted: it is the new
+/// program's, which the next look classifies by its own argv.
+fn leaks(pid: u32, argv: &[String], token: &str, environ: bool) -> Vec<String> {
     let places: &[&str] = match environ {
         true => &["cmdline", "environ"],
         false => &["cmdline"],
@@ -426,6 +432,7 @@ fn leaks(pid: u32, token: &str, environ: bool) -> Vec<String> {
         .filter(|what| {
             std::fs::read(format!("/proc/{pid}/{what}"))
                 .is_ok_and(|raw| String::from_utf8_lossy(&raw).contains(token))
+                && (**what != "environ" || argv_of(pid).as_deref() == Some(argv))
         })
         .map(|what| format!("{pid}: {what}"))
         .collect()
