@@ -48,7 +48,7 @@ use monarch_host::{Placement, Sandbox};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
 use crate::guest::{self, Record};
-use crate::raw::RawStream;
+use crate::raw::{self, RawStream};
 use crate::report::{Unit, emit, log_spread, median};
 use crate::runtime::raw_rtt;
 use crate::worker::{Scratch, Worker};
@@ -192,13 +192,18 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
     let floor = median(&floor).context("no samples for raw_unix_rtt_us")?;
     emit(SUITE, "raw_unix_rtt_us", floor, Unit::Micros)?;
     log_ratios(&records, floor);
+    let gather_floors = gather_floor(&scratch, args.quick).await?;
+    for (metric, micros) in &gather_floors {
+        emit(SUITE, metric, *micros, Unit::Micros)?;
+    }
+    log_gather_ratios(&records, &gather_floors);
     tracing::info!(
         seconds = format!("{:.1}", began.elapsed().as_secs_f64()),
         "mesh suite done"
     );
     if args.peers {
         let peers = run_peers(&args.peers_python, scratch.path(), args.quick).await?;
-        log_comparison(&records, &peers);
+        log_comparison(&records, &peers, &gather_floors);
     }
     Ok(())
 }
@@ -225,6 +230,73 @@ pub(crate) async fn unix_floor(
     tokio::time::sleep(FLOOR_SETTLE).await;
     let (raw, floor) = raw_rtt(raw, FLOOR_PAYLOAD, samples / 2).await?;
     Ok((raw_worker, raw, floor))
+}
+
+/// The gathers of the suite and the metric of the floor of each: a bare
+/// gather over as many `raw-echo` worker processes.
+const GATHER_FLOORS: [(&str, &str, usize); 2] = [
+    ("call_gather_8_us", "raw_gather_8_us", 8),
+    ("call_gather_16_us", "raw_gather_16_us", 16),
+];
+
+/// Measures the floor of the suite's gathers: one `raw-echo` worker
+/// process per proc, and from this process, 64 bytes written to each, then
+/// 64 read back from each, over blocking Unix sockets. Medians after a
+/// warm-up, as `(metric, us)`.
+async fn gather_floor(scratch: &Scratch, quick: bool) -> anyhow::Result<Vec<(String, f64)>> {
+    let (warmup, samples) = if quick { (10, 50) } else { (200, 2_000) };
+    let most = GATHER_FLOORS.iter().map(|(_, _, n)| *n).max().unwrap_or(0);
+    let mut workers = Vec::with_capacity(most);
+    for i in 0..most {
+        let addr = scratch.unix_addr(&format!("gather-{i}.sock"))?;
+        let args = ["raw-echo".to_string(), "--addr".into(), addr.to_string()];
+        workers.push(Worker::start("raw gather echo", &args).await?);
+    }
+    let streams = workers
+        .iter()
+        .map(|worker| RawStream::connect(worker.ready()))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    tokio::time::sleep(FLOOR_SETTLE).await;
+    let timed = tokio::task::spawn_blocking(move || {
+        let mut streams = streams;
+        let mut timed = Vec::new();
+        for (_, metric, procs) in GATHER_FLOORS {
+            raw::gathers(&mut streams[..procs], FLOOR_PAYLOAD, warmup)?;
+            timed.push((
+                metric,
+                raw::gathers(&mut streams[..procs], FLOOR_PAYLOAD, samples)?,
+            ));
+        }
+        anyhow::Ok(timed)
+    })
+    .await
+    .context("the raw gather thread panicked")??;
+    for worker in workers {
+        worker.stop().await?;
+    }
+    let mut floors = Vec::with_capacity(timed.len());
+    for (metric, micros) in timed {
+        log_spread(metric, &micros, "gather, us");
+        let median = median(&micros).with_context(|| format!("no samples for {metric}"))?;
+        floors.push((metric.to_string(), median));
+    }
+    Ok(floors)
+}
+
+/// Logs each gather as a multiple of its floor.
+fn log_gather_ratios(records: &[Record], floors: &[(String, f64)]) {
+    for (gather, floor_metric, _) in GATHER_FLOORS {
+        let measured = records.iter().find(|r| r.metric == gather);
+        let floor = floors.iter().find(|(m, _)| m == floor_metric);
+        if let (Some(measured), Some((_, floor))) = (measured, floor) {
+            tracing::info!(
+                metric = gather,
+                floor = floor_metric,
+                over_floor = format!("{:.2}", measured.value / floor),
+                "a gather as a multiple of its floor"
+            );
+        }
+    }
 }
 
 /// Logs every figure as a multiple of the floor.
@@ -559,7 +631,7 @@ async fn kill_group(child: &mut tokio::process::Child) {
 
 /// Logs this host's figures beside the peers', with how many times this
 /// host's figure each peer's is.
-fn log_comparison(ours: &[Record], peers: &[PeerRecord]) {
+fn log_comparison(ours: &[Record], peers: &[PeerRecord], floors: &[(String, f64)]) {
     if peers.is_empty() {
         return;
     }
@@ -588,6 +660,30 @@ fn log_comparison(ours: &[Record], peers: &[PeerRecord]) {
                     ratio(theirs.value / mine.value)
                 )),
                 None => table.push_str(&format!(" {:>14} {:>8}", "-", "-")),
+            }
+        }
+    }
+    // Each gather's floor, and every system's figure as a multiple of it.
+    for (gather, floor_metric, _) in GATHER_FLOORS {
+        let Some((_, floor)) = floors.iter().find(|(m, _)| m == floor_metric) else {
+            continue;
+        };
+        table.push_str(&format!(
+            "\n{floor_metric:<32} {:>12}",
+            format!("{floor:.2} us")
+        ));
+        if let Some(mine) = ours.iter().find(|r| r.metric == gather) {
+            table.push_str(&format!(
+                "   {gather}: this host {}",
+                ratio(mine.value / floor)
+            ));
+        }
+        for peer in &PEERS {
+            if let Some(theirs) = peers
+                .iter()
+                .find(|r| r.peer == peer.label && r.metric == gather)
+            {
+                table.push_str(&format!(", {} {}", peer.label, ratio(theirs.value / floor)));
             }
         }
     }

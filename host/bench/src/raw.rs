@@ -1,4 +1,5 @@
-//! The floor: a bare socket ping-pong between two processes.
+//! The floor: a bare socket ping-pong between two processes, and a bare
+//! gather over many.
 //!
 //! Plain blocking std sockets, one thread per connection, no framing, no
 //! runtime: the client writes the payload and reads the same number of
@@ -72,6 +73,32 @@ impl RawStream {
     }
 }
 
+/// Times `count` gathers over `streams`, in microseconds: each writes
+/// `payload` bytes to every stream, then reads as many back from each, in
+/// order. The floor of a gathered call over as many procs: every echo
+/// worker is woken once and answers once, with no framing or runtime.
+pub fn gathers(
+    streams: &mut [RawStream],
+    payload: usize,
+    count: usize,
+) -> anyhow::Result<Vec<f64>> {
+    let out = vec![0x5a_u8; payload];
+    let mut back = vec![0_u8; payload];
+    let mut micros = Vec::with_capacity(count);
+    for _ in 0..count {
+        let start = Instant::now();
+        for stream in streams.iter_mut() {
+            stream.write_all(&out)?;
+        }
+        for stream in streams.iter_mut() {
+            stream.read_exact(&mut back)?;
+            anyhow::ensure!(back == out, "a raw echo worker sent back other bytes");
+        }
+        micros.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(micros)
+}
+
 /// The `raw-echo` subcommand: serves `addr` (`unix:` or `tcp:`), prints
 /// `READY <address>` and echoes every byte on every connection until stdin
 /// closes.
@@ -131,4 +158,44 @@ fn exit_when_stdin_closes(socket_file: Option<std::path::PathBuf>) {
         }
         std::process::exit(0);
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stream whose other end an echo thread serves, flipping every byte
+    /// when `flip`.
+    fn echoed(flip: bool) -> RawStream {
+        let (mine, theirs) = UnixStream::pair().expect("a socket pair");
+        std::thread::spawn(move || {
+            if !flip {
+                return echo(theirs);
+            }
+            let mut theirs = theirs;
+            let mut buf = [0_u8; 64];
+            while let Ok(n @ 1..) = theirs.read(&mut buf) {
+                let flipped: Vec<u8> = buf[..n].iter().map(|b| !b).collect();
+                if theirs.write_all(&flipped).is_err() {
+                    return;
+                }
+            }
+        });
+        RawStream::Unix(mine)
+    }
+
+    #[test]
+    fn a_gather_times_each_round_over_every_stream() {
+        let mut streams: Vec<RawStream> = (0..3).map(|_| echoed(false)).collect();
+        let micros = gathers(&mut streams, 64, 5).expect("gathers");
+        assert_eq!(micros.len(), 5);
+        assert!(micros.iter().all(|us| *us > 0.0), "{micros:?}");
+    }
+
+    #[test]
+    fn a_gather_fails_when_a_worker_answers_other_bytes() {
+        let mut streams = vec![echoed(false), echoed(true)];
+        let error = gathers(&mut streams, 64, 1).expect_err("a wrong echo is an error");
+        assert!(error.to_string().contains("other bytes"), "{error}");
+    }
 }

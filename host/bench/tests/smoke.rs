@@ -26,7 +26,7 @@ const RUNTIME_METRICS: [(&str, &str); 13] = [
 ];
 
 /// Every metric of the mesh suite, with its unit.
-const MESH_METRICS: [(&str, &str); 7] = [
+const MESH_METRICS: [(&str, &str); 9] = [
     ("spawn_procs_8_ms", "ms"),
     ("spawn_procs_16_ms", "ms"),
     ("call_gather_8_us", "us"),
@@ -34,6 +34,8 @@ const MESH_METRICS: [(&str, &str); 7] = [
     ("broadcast_100_then_call_16_ms", "ms"),
     ("cast_reduce_1024_us", "us"),
     ("raw_unix_rtt_us", "us"),
+    ("raw_gather_8_us", "us"),
+    ("raw_gather_16_us", "us"),
 ];
 
 /// Every metric of the serve suite, with its unit.
