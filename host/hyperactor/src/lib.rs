@@ -71,3 +71,8 @@ pub use id::{ActorId, PortId, ProcId};
 pub use mailbox::{Mailbox, OncePort, OncePortRef, PendingCall, Port, PortRef};
 pub use message::RemoteMessage;
 pub use proc::{ClusterToken, Proc, ProcConfig, ProcError};
+
+/// A hash map with a fast, randomly seeded hasher (foldhash) for the maps
+/// every message looks up: ports, actors, links, casts in flight. The
+/// standard SipHash costs more than the rest of such a lookup.
+pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;

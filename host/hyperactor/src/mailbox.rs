@@ -27,7 +27,6 @@
 //!   it comes first. No task or timer waits for it.
 
 use std::any::{Any, type_name};
-use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +35,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::FastMap;
 use crate::channel::ChannelAddr;
 use crate::failure::{CallError, DeliveryFailure, Undeliverable};
 use crate::id::{ActorId, PortId};
@@ -198,7 +198,7 @@ pub(crate) trait PortSink: Send + Sync {
 /// A mailbox as the proc's router holds it.
 pub(crate) struct MailboxEntry {
     pub(crate) id: ActorId,
-    ports: Mutex<HashMap<u64, Arc<dyn PortSink>>>,
+    ports: Mutex<FastMap<u64, Arc<dyn PortSink>>>,
     next_port: AtomicU64,
     /// Whether a stopped or failed actor may be replaced by a new one.
     pub(crate) terminated: Box<dyn Fn() -> bool + Send + Sync>,
@@ -208,7 +208,7 @@ impl MailboxEntry {
     pub(crate) fn new(id: ActorId, terminated: Box<dyn Fn() -> bool + Send + Sync>) -> Self {
         MailboxEntry {
             id,
-            ports: Mutex::new(HashMap::new()),
+            ports: Mutex::new(FastMap::default()),
             next_port: AtomicU64::new(1),
             terminated,
         }

@@ -59,6 +59,7 @@ use rkyv::rancor;
 use rkyv::util::AlignedVec;
 use tokio::sync::{mpsc, watch};
 
+use crate::FastMap;
 use crate::actor::{self, Actor, ActorHandle, Owner, meta_for};
 use crate::channel::frame::{
     FrameError, FrameHeader, FrameKind, FrameReader, HEADER_LEN, finish_frame, frame_buffer,
@@ -318,8 +319,8 @@ pub(crate) struct ProcInner {
     id: ProcId,
     config: ProcConfig,
     runtime: tokio::runtime::Handle,
-    actors: RwLock<HashMap<String, HashMap<u32, Arc<MailboxEntry>>>>,
-    links: Mutex<HashMap<ChannelAddr, Arc<Link<Option<Meta>>>>>,
+    actors: RwLock<FastMap<String, FastMap<u32, Arc<MailboxEntry>>>>,
+    links: Mutex<FastMap<ChannelAddr, Arc<Link<Option<Meta>>>>>,
     /// Peers known to have ended ([`Proc::peer_ended`]), with why.
     ended: Mutex<HashMap<ChannelAddr, String>>,
     sessions: Mutex<HashMap<u64, SessionSlot>>,
@@ -397,8 +398,8 @@ impl Proc {
             id: ProcId::new(bound, name)?,
             config,
             runtime,
-            actors: RwLock::new(HashMap::new()),
-            links: Mutex::new(HashMap::new()),
+            actors: RwLock::new(FastMap::default()),
+            links: Mutex::new(FastMap::default()),
             ended: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
             supervision_tx,

@@ -448,8 +448,8 @@ struct Sent {
 
 #[derive(Default)]
 struct CommState {
-    pending: HashMap<Key, (Node, PortRef<CastReply>)>,
-    sent: HashMap<Key, Sent>,
+    pending: hyperactor::FastMap<Key, (Node, PortRef<CastReply>)>,
+    sent: hyperactor::FastMap<Key, Sent>,
     sent_order: VecDeque<Key>,
     dead: HashMap<ProcId, String>,
     last_sweep: Option<Instant>,
