@@ -123,14 +123,55 @@ where
     }
 }
 
+/// Ids decoded lately on this thread. A stream of messages carries the
+/// same few ids (a caller's reply port, the proc a cast is for) again and
+/// again; handing out the one already decoded saves its allocations.
+struct Recent<T> {
+    ids: [Option<T>; 8],
+    next: usize,
+}
+
+impl<T: Clone> Recent<T> {
+    const fn new() -> Self {
+        Recent {
+            ids: [const { None }; 8],
+            next: 0,
+        }
+    }
+
+    fn find(&self, matches: impl Fn(&T) -> bool) -> Option<T> {
+        self.ids.iter().flatten().find(|id| matches(id)).cloned()
+    }
+
+    fn remember(&mut self, id: &T) {
+        let slot = self.next;
+        self.ids[slot] = Some(id.clone());
+        self.next = (slot + 1) % self.ids.len();
+    }
+}
+
+thread_local! {
+    static RECENT_PROC_IDS: std::cell::RefCell<Recent<ProcId>> =
+        const { std::cell::RefCell::new(Recent::new()) };
+    static RECENT_ACTOR_IDS: std::cell::RefCell<Recent<ActorId>> =
+        const { std::cell::RefCell::new(Recent::new()) };
+}
+
 impl<D: rkyv::rancor::Fallible + ?Sized> rkyv::Deserialize<ProcId, D> for ArchivedProcId
 where
     ArchivedProcId: rkyv::Deserialize<ProcIdInner, D>,
 {
     fn deserialize(&self, deserializer: &mut D) -> Result<ProcId, D::Error> {
+        let known =
+            RECENT_PROC_IDS.with_borrow(|recent| recent.find(|id| id.matches_archived(self)));
+        if let Some(id) = known {
+            return Ok(id);
+        }
         let inner =
             <ArchivedProcId as rkyv::Deserialize<ProcIdInner, D>>::deserialize(self, deserializer)?;
-        Ok(ProcId(Arc::new(inner)))
+        let id = ProcId(Arc::new(inner));
+        RECENT_PROC_IDS.with_borrow_mut(|recent| recent.remember(&id));
+        Ok(id)
     }
 }
 
@@ -227,33 +268,14 @@ where
 /// The archived form of an [`ActorId`].
 pub(crate) type ArchivedActorId = ArchivedActorIdInner;
 
-/// Actor ids decoded lately on this thread. A stream of messages carries the
-/// same few ids (a caller's reply port, say) again and again; handing out
-/// the one already decoded saves its allocations.
-struct RecentActorIds {
-    ids: [Option<ActorId>; 8],
-    next: usize,
-}
-
-thread_local! {
-    static RECENT_ACTOR_IDS: std::cell::RefCell<RecentActorIds> =
-        const { std::cell::RefCell::new(RecentActorIds { ids: [const { None }; 8], next: 0 }) };
-}
-
 impl<D> rkyv::Deserialize<ActorId, D> for ArchivedActorId
 where
     D: rkyv::rancor::Fallible + ?Sized,
     ArchivedActorId: rkyv::Deserialize<ActorIdInner, D>,
 {
     fn deserialize(&self, deserializer: &mut D) -> Result<ActorId, D::Error> {
-        let known = RECENT_ACTOR_IDS.with_borrow(|recent| {
-            recent
-                .ids
-                .iter()
-                .flatten()
-                .find(|id| id.matches_archived(self))
-                .cloned()
-        });
+        let known =
+            RECENT_ACTOR_IDS.with_borrow(|recent| recent.find(|id| id.matches_archived(self)));
         if let Some(id) = known {
             return Ok(id);
         }
@@ -262,11 +284,7 @@ where
             deserializer,
         )?;
         let id = ActorId(Arc::new(inner));
-        RECENT_ACTOR_IDS.with_borrow_mut(|recent| {
-            let slot = recent.next;
-            recent.ids[slot] = Some(id.clone());
-            recent.next = (slot + 1) % recent.ids.len();
-        });
+        RECENT_ACTOR_IDS.with_borrow_mut(|recent| recent.remember(&id));
         Ok(id)
     }
 }
@@ -448,5 +466,37 @@ mod tests {
             Err(IdParseError::Addr(_))
         ));
         assert!(ProcId::new("local:x".parse().unwrap(), "").is_err());
+    }
+
+    /// Decoding an id seen lately hands out the same id, not a copy; a
+    /// different id that differs in one part is never mistaken for it.
+    #[test]
+    fn recent_ids_decode_to_the_same_id_and_others_to_their_own() {
+        let decode_proc = |id: &ProcId| {
+            let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(id).unwrap();
+            rkyv::from_bytes::<ProcId, rkyv::rancor::Error>(&bytes).unwrap()
+        };
+        let decode_actor = |id: &ActorId| {
+            let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(id).unwrap();
+            rkyv::from_bytes::<ActorId, rkyv::rancor::Error>(&bytes).unwrap()
+        };
+        let proc: ProcId = "unix:/tmp/recent-ids.sock,worker".parse().unwrap();
+        let (first, second) = (decode_proc(&proc), decode_proc(&proc));
+        assert_eq!(first, proc);
+        assert!(Arc::ptr_eq(&first.0, &second.0));
+        for other in [
+            "unix:/tmp/recent-ids.sock,worker2",
+            "unix:/tmp/recent-ids2.sock,worker",
+            "tcp:127.0.0.1:1,worker",
+        ] {
+            let other: ProcId = other.parse().unwrap();
+            assert_eq!(decode_proc(&other), other);
+        }
+        let actor = proc.actor_id("greeter", 3).unwrap();
+        let (first, second) = (decode_actor(&actor), decode_actor(&actor));
+        assert_eq!(first, actor);
+        assert!(Arc::ptr_eq(&first.0, &second.0));
+        let next = proc.actor_id("greeter", 4).unwrap();
+        assert_eq!(decode_actor(&next), next);
     }
 }
