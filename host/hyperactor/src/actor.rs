@@ -24,6 +24,13 @@
 //! - AC-4: an owner that does not handle a child's supervision event fails
 //!   with it, so failures climb until someone handles them; the proc's
 //!   supervision stream receives what root actors do not handle.
+//! - AC-5: a handler an actor registers to run at delivery
+//!   ([`Exports::handle_inline`]) takes a message from another proc in the
+//!   task that read it, and only while the actor is running, idle (no
+//!   handler running or suspended) and has nothing queued; otherwise, or
+//!   when it declines, the message queues for [`Handler::handle`] as
+//!   usual. So it never overtakes a message that came before it (AC-1),
+//!   and a panic in it fails the actor as a handler's would (AC-3).
 
 use std::any::type_name;
 use std::future::Future;
@@ -32,8 +39,8 @@ use std::ops::Deref;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{OnceLock, Weak};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -44,10 +51,11 @@ use tracing::Instrument;
 use crate::failure::{ActorSupervisionEvent, CallError, DeliveryFailure, Undeliverable};
 use crate::id::ActorId;
 use crate::mailbox::{
-    Backlog, Mailbox, Meta, OncePortRef, Payload, PortRef, PortSink, TypeName, UNDELIVERABLE_PORT,
+    Backlog, Mailbox, MailboxEntry, Meta, OncePortRef, Payload, PortRef, PortSink, TypeName,
+    UNDELIVERABLE_PORT,
 };
 use crate::message::{RemoteMessage, handler_port};
-use crate::proc::{Proc, ProcError};
+use crate::proc::{Proc, ProcError, ProcInner};
 
 /// An actor: state that handles messages one at a time.
 ///
@@ -58,6 +66,13 @@ pub trait Actor: Send + Sized + 'static {
     /// Registers the message types this actor takes from refs, in this proc
     /// or another: `exports.handle::<M>()` for each `M` it handles.
     fn exports(exports: &mut Exports<Self>) {
+        let _ = exports;
+    }
+
+    /// Registers handlers that run at delivery, in the task that read the
+    /// message ([`Exports::handle_inline`]; AC-5). Called once, with the
+    /// actor, before it starts; the default registers none.
+    fn inline_exports(&self, exports: &mut Exports<Self>) {
         let _ = exports;
     }
 
@@ -138,12 +153,25 @@ pub(crate) struct ActorCell {
     status: watch::Sender<ActorStatus>,
     /// Messages queued and not yet handled (PR-9).
     backlog: Arc<Backlog>,
+    /// Held while the actor works on an item of its queue, or while a
+    /// handler runs at delivery (AC-5).
+    busy: AtomicBool,
+}
+
+/// The hold on an actor's [`ActorCell::busy`]; dropping it lets go.
+struct Claim<'a>(&'a AtomicBool);
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 impl ActorCell {
     fn new(id: ActorId) -> Self {
         ActorCell {
             backlog: Arc::default(),
+            busy: AtomicBool::new(false),
             id,
             state: AtomicU8::new(CREATED),
             failure: OnceLock::new(),
@@ -175,6 +203,28 @@ impl ActorCell {
         matches!(self.state.load(Ordering::Acquire), STOPPED | FAILED)
     }
 
+    /// Holds the actor for one item of its queue. A handler at delivery
+    /// holds it only for a moment (it never waits), so on a runtime with
+    /// several threads the actor's task yields until it is done; on one
+    /// thread it is never held here.
+    fn claim(&self) -> Claim<'_> {
+        while self.busy.swap(true, Ordering::Acquire) {
+            std::thread::yield_now();
+        }
+        Claim(&self.busy)
+    }
+
+    /// Holds the actor for a handler at delivery (AC-5): only while it
+    /// runs, is idle and has nothing queued.
+    fn try_claim_idle(&self) -> Option<Claim<'_>> {
+        if self.state.load(Ordering::Acquire) != RUNNING || self.busy.swap(true, Ordering::Acquire)
+        {
+            return None;
+        }
+        let claim = Claim(&self.busy);
+        (self.backlog.queued() == 0).then_some(claim)
+    }
+
     fn set_status(&self, state: u8, status: ActorStatus) {
         self.state.store(state, Ordering::Release);
         self.status.send_replace(status);
@@ -202,6 +252,11 @@ pub(crate) enum Work<A: Actor> {
     },
     Supervision(ActorSupervisionEvent),
     Undeliverable(Undeliverable),
+    /// A handler at delivery panicked on this message (AC-5).
+    Failed {
+        reason: String,
+        meta: Meta,
+    },
     Stop,
 }
 
@@ -237,6 +292,13 @@ impl<A: Handler<M>, M: RemoteMessage> PortSink for HandlerSink<A, M> {
             return Err(refusal);
         }
         let message = payload.into_message::<M>(&meta.dest)?;
+        self.enqueue(message, meta)
+    }
+}
+
+impl<A: Handler<M>, M: RemoteMessage> HandlerSink<A, M> {
+    /// Queues a decoded message for the actor's task.
+    fn enqueue(&self, message: M, meta: Meta) -> Result<(), DeliveryFailure> {
         let _span =
             tracing::trace_span!("deliver", actor = %self.cell.id, message = %meta.message_type)
                 .entered();
@@ -252,6 +314,70 @@ impl<A: Handler<M>, M: RemoteMessage> PortSink for HandlerSink<A, M> {
                     .refusal()
                     .unwrap_or_else(|| self.cell.failed_reason())
             })
+    }
+}
+
+/// What a handler at delivery runs: it takes the message, or hands it back
+/// to be queued for [`Handler::handle`].
+type InlineFn<M> = dyn Fn(&Mailbox, M) -> Option<M> + Send + Sync;
+
+/// Where an actor's handlers at delivery find its mailbox: set when the
+/// mailbox is made, held weakly (the mailbox holds the handlers).
+type Home = OnceLock<(Weak<ProcInner>, Weak<MailboxEntry>)>;
+
+/// The handler port of `A` for `M` with a handler at delivery (AC-5).
+struct InlineSink<A: Actor, M> {
+    queued: HandlerSink<A, M>,
+    home: Arc<Home>,
+    inline: Box<InlineFn<M>>,
+}
+
+impl<A: Handler<M>, M: RemoteMessage> InlineSink<A, M> {
+    fn mailbox(&self) -> Option<Mailbox> {
+        let (proc, entry) = self.home.get()?;
+        Some(Mailbox::for_actor(Proc::upgrade(proc)?, entry.upgrade()?))
+    }
+}
+
+impl<A: Handler<M>, M: RemoteMessage> PortSink for InlineSink<A, M> {
+    fn backlog(&self) -> Option<&Arc<Backlog>> {
+        Some(&self.queued.cell.backlog)
+    }
+
+    fn deliver(&self, payload: Payload<'_>, meta: Meta) -> Result<(), DeliveryFailure> {
+        let cell = &self.queued.cell;
+        if let Some(refusal) = cell.refusal() {
+            return Err(refusal);
+        }
+        // Messages from this proc keep to the queue: their sender may
+        // hold locks that the handler would take.
+        if !matches!(payload, Payload::Remote(_)) {
+            return self.queued.deliver(payload, meta);
+        }
+        let mut message = payload.into_message::<M>(&meta.dest)?;
+        if let Some(claim) = cell.try_claim_idle()
+            && let Some(mailbox) = self.mailbox()
+        {
+            let _span =
+                tracing::trace_span!("handle inline", actor = %cell.id, message = %meta.message_type)
+                    .entered();
+            let inline = &self.inline;
+            match std::panic::catch_unwind(AssertUnwindSafe(move || inline(&mailbox, message))) {
+                Ok(None) => return Ok(()),
+                Ok(Some(declined)) => message = declined,
+                Err(panic) => {
+                    drop(claim);
+                    let reason = panic_text(panic.as_ref());
+                    cell.backlog.added();
+                    return self
+                        .queued
+                        .queue
+                        .send(Work::Failed { reason, meta })
+                        .map_err(|_| cell.refusal().unwrap_or_else(|| cell.failed_reason()));
+                }
+            }
+        }
+        self.queued.enqueue(message, meta)
     }
 }
 
@@ -281,6 +407,7 @@ impl<A: Actor> PortSink for UndeliverableSink<A> {
 pub struct Exports<A: Actor> {
     cell: Arc<ActorCell>,
     queue: mpsc::UnboundedSender<Work<A>>,
+    home: Arc<Home>,
     pub(crate) ports: Vec<(u64, Arc<dyn PortSink>)>,
 }
 
@@ -296,6 +423,34 @@ impl<A: Actor> Exports<A> {
             _message: PhantomData,
         };
         self.ports.push((handler_port::<M>(), Arc::new(sink)));
+        self
+    }
+
+    /// Exports the handler for `M` with `inline` in front of it: a message
+    /// from another proc that finds the actor idle runs `inline` in the
+    /// task that read it, with the actor's mailbox, instead of waking the
+    /// actor (AC-5). `inline` returns `None` when it took the message, or
+    /// hands it back to be queued for [`Handler::handle`]. It must not
+    /// wait, and it sees only what it captured, not the actor itself.
+    pub fn handle_inline<M: RemoteMessage>(
+        &mut self,
+        inline: impl Fn(&Mailbox, M) -> Option<M> + Send + Sync + 'static,
+    ) -> &mut Self
+    where
+        A: Handler<M>,
+    {
+        let port = handler_port::<M>();
+        self.ports.retain(|(p, _)| *p != port);
+        let sink = InlineSink::<A, M> {
+            queued: HandlerSink {
+                cell: self.cell.clone(),
+                queue: self.queue.clone(),
+                _message: PhantomData,
+            },
+            home: self.home.clone(),
+            inline: Box::new(inline),
+        };
+        self.ports.push((port, Arc::new(sink)));
         self
     }
 }
@@ -531,17 +686,21 @@ pub(crate) fn start<A: Actor>(
 ) -> Result<ActorHandle<A>, ProcError> {
     let (queue, rx) = mpsc::unbounded_channel();
     let cell = Arc::new(ActorCell::new(id.clone()));
+    let home = Arc::new(Home::new());
     let mut exports = Exports {
         cell: cell.clone(),
         queue: queue.clone(),
+        home: home.clone(),
         ports: Vec::new(),
     };
     A::exports(&mut exports);
+    actor.inline_exports(&mut exports);
     let terminated = {
         let cell = cell.clone();
         Box::new(move || cell.is_terminal())
     };
     let entry = Arc::new(crate::mailbox::MailboxEntry::new(id, terminated));
+    let _ = home.set((proc.downgrade(), Arc::downgrade(&entry)));
     for (port, sink) in exports.ports {
         entry.bind(port, sink);
     }
@@ -650,7 +809,17 @@ async fn handle_messages<A: Actor>(
     rx: &mut mpsc::UnboundedReceiver<Work<A>>,
 ) -> Exit {
     while let Some(work) = rx.recv().await {
+        // Taken before the backlog falls, so that a handler at delivery
+        // does not run ahead of this item (AC-5).
+        let _claim = cx.handle.cell.claim();
         match work {
+            Work::Failed { reason, meta } => {
+                cx.handle.cell.backlog.taken();
+                return Exit::Failed {
+                    reason,
+                    current: Some(meta),
+                };
+            }
             Work::Message { handler, meta } => {
                 cx.handle.cell.backlog.taken();
                 let span = tracing::debug_span!("handle", actor = %cx.actor_id(), message = %meta.message_type);
@@ -701,7 +870,9 @@ fn fail_queue<A: Actor>(
 ) {
     while let Ok(work) = rx.try_recv() {
         match work {
-            Work::Message { meta, .. } => proc.fail_delivery(&meta, failure.clone()),
+            Work::Message { meta, .. } | Work::Failed { meta, .. } => {
+                proc.fail_delivery(&meta, failure.clone())
+            }
             Work::Supervision(event) => {
                 tracing::error!(%event, "supervision event for an actor that has ended")
             }
@@ -931,5 +1102,146 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert!(refused, "the child stopped with its parent");
+    }
+
+    /// A note to log; the handler at delivery takes those whose text
+    /// begins with `inline`, and panics at `panic`.
+    #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+    struct Note {
+        text: String,
+        /// How long the queued handler waits before it logs.
+        hold_ms: u64,
+    }
+
+    /// Logs where each [`Note`] was handled.
+    struct Inliner {
+        log: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl Actor for Inliner {
+        fn exports(exports: &mut Exports<Self>) {
+            exports.handle::<Note>();
+        }
+
+        fn inline_exports(&self, exports: &mut Exports<Self>) {
+            let log = self.log.clone();
+            exports.handle_inline::<Note>(move |_mailbox, note| {
+                assert!(note.text != "panic", "inline handler panicked");
+                if !note.text.starts_with("inline") {
+                    return Some(note);
+                }
+                log.lock().push(format!("inline {}", note.text));
+                None
+            });
+        }
+    }
+
+    impl Handler<Note> for Inliner {
+        async fn handle(&mut self, _cx: &Context<Self>, note: Note) -> anyhow::Result<()> {
+            tokio::time::sleep(Duration::from_millis(note.hold_ms)).await;
+            self.log.lock().push(format!("queued {}", note.text));
+            Ok(())
+        }
+    }
+
+    /// An [`Inliner`] on a proc of its own and a client on another, joined
+    /// by a Unix socket (only messages from another proc run inline).
+    async fn inliner(
+        test: &str,
+    ) -> (
+        Proc,
+        Proc,
+        ActorHandle<Inliner>,
+        Mailbox,
+        Arc<Mutex<Vec<String>>>,
+    ) {
+        let addr = |side: &str| -> ChannelAddr {
+            format!(
+                "unix:{}/ac5-{test}-{side}-{}.sock",
+                std::env::temp_dir().display(),
+                std::process::id()
+            )
+            .parse()
+            .unwrap()
+        };
+        let here = Proc::serve_with_config("here", addr("here"), ProcConfig::default())
+            .await
+            .unwrap();
+        let there = Proc::serve_with_config("there", addr("there"), ProcConfig::default())
+            .await
+            .unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let actor = here
+            .spawn("inliner", 0, Inliner { log: log.clone() })
+            .unwrap();
+        assert_eq!(actor.started().await, ActorStatus::Running);
+        let (client, _) = there.attach("client").unwrap();
+        (here, there, actor, client, log)
+    }
+
+    async fn logged(log: &Mutex<Vec<String>>, count: usize) -> Vec<String> {
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while log.lock().len() < count && std::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        log.lock().clone()
+    }
+
+    fn note(text: &str, hold_ms: u64) -> Note {
+        Note {
+            text: text.into(),
+            hold_ms,
+        }
+    }
+
+    #[tokio::test]
+    async fn ac5_a_message_to_an_idle_actor_runs_at_delivery_and_a_declined_one_queues() {
+        let (_here, _there, actor, client, log) = inliner("idle").await;
+        let to = actor.bind();
+        to.send(&client, note("inline first", 0));
+        assert_eq!(logged(&log, 1).await, ["inline inline first"]);
+        to.send(&client, note("declined", 0));
+        assert_eq!(logged(&log, 2).await[1], "queued declined");
+        to.send(&client, note("inline after", 0));
+        assert_eq!(
+            logged(&log, 3).await,
+            [
+                "inline inline first",
+                "queued declined",
+                "inline inline after"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn ac5_a_message_to_a_busy_actor_waits_its_turn() {
+        let (_here, _there, actor, client, log) = inliner("busy").await;
+        let to = actor.bind();
+        // The handler of the first is suspended while the others arrive:
+        // they queue behind it in order, none runs ahead at delivery.
+        to.send(&client, note("slow", 200));
+        to.send(&client, note("inline behind", 0));
+        to.send(&client, note("last", 0));
+        assert_eq!(
+            logged(&log, 3).await,
+            ["queued slow", "queued inline behind", "queued last"]
+        );
+        // Idle again: the next runs at delivery.
+        to.send(&client, note("inline idle", 0));
+        assert_eq!(logged(&log, 4).await[3], "inline inline idle");
+    }
+
+    #[tokio::test]
+    async fn ac5_a_panic_at_delivery_fails_the_actor() {
+        let (_here, _there, actor, client, _log) = inliner("panic").await;
+        actor.bind().send(&client, note("panic", 0));
+        let ActorStatus::Failed(event) =
+            tokio::time::timeout(Duration::from_secs(10), actor.join())
+                .await
+                .unwrap()
+        else {
+            panic!("expected the actor to fail");
+        };
+        assert!(event.reason.contains("inline handler panicked"), "{event}");
     }
 }

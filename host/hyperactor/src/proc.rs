@@ -601,6 +601,22 @@ impl Proc {
         }
     }
 
+    /// Whether every link of this proc has room in its window now (LK-8):
+    /// [`Proc::ready_all`] would return at once. One atomic load.
+    pub fn all_ready_now(&self) -> bool {
+        self.0.stats.links_over_window.load(Ordering::Relaxed) == 0
+    }
+
+    /// A reference to this proc that does not keep it alive.
+    pub(crate) fn downgrade(&self) -> Weak<ProcInner> {
+        Arc::downgrade(&self.0)
+    }
+
+    /// The proc a [`Proc::downgrade`] refers to, while it lives.
+    pub(crate) fn upgrade(weak: &Weak<ProcInner>) -> Option<Proc> {
+        weak.upgrade().map(Proc)
+    }
+
     /// Waits until every link of this proc has room in its window (LK-8):
     /// for a sender whose messages fan out through many links (a cast).
     /// One atomic load while no link is full.

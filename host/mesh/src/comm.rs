@@ -30,6 +30,12 @@
 //!   timer per rank. The caster keeps the cast's deadline itself; a call
 //!   still unanswered at the timeout is ended, its port closed and its
 //!   rank failed with `Timeout`, when the comm actor next takes a cast.
+//! - CA-7: such a leaf cast from another proc is taken in the task that
+//!   read it, when the comm actor is idle with nothing queued
+//!   (`Exports::handle_inline`, AC-5 of hyperactor) and every link has
+//!   room: the comm actor's task is not woken for it. It is the same
+//!   delivery as CA-6, and a cast the comm actor has seen before (CA-3)
+//!   still goes to its queue.
 //!
 //! A cast's message is shared, not copied, between the children it goes to
 //! ([`SharedBytes`]): each child's frame is archived from the one buffer, and
@@ -595,6 +601,17 @@ impl Actor for CommActor {
             .handle::<ProcDied>();
     }
 
+    fn inline_exports(&self, exports: &mut Exports<Self>) {
+        let state = self.state.clone();
+        exports.handle_inline::<Cast>(move |mailbox, cast| {
+            // The handler waits for room in the links first (LK-8).
+            if !mailbox.proc().all_ready_now() {
+                return Some(cast);
+            }
+            take_leaf(&state, mailbox, cast)
+        });
+    }
+
     async fn handle_undeliverable(
         &mut self,
         cx: &Context<Self>,
@@ -614,6 +631,9 @@ impl Handler<Cast> for CommActor {
         // Forward only while the links down the tree have room (LK-8): a
         // slow subtree backs the cast up here, then (PR-9) upstream.
         cx.proc().ready_all().await;
+        let Some(cast) = take_leaf(&self.state, cx, cast) else {
+            return Ok(());
+        };
         let key: Key = (cast.origin.clone(), cast.seq);
         let now = Instant::now();
         // Outside the lock: a call's function sends its leaf's result.
@@ -644,17 +664,6 @@ impl Handler<Cast> for CommActor {
         }
         if cast.tree.procs.is_empty() || cast.tree.procs.len() != cast.tree.ranks.len() {
             tracing::warn!(origin = %cast.origin, "a cast with a malformed tree; dropped");
-            return Ok(());
-        }
-        if cast.tree.procs.len() == 1 && cast.parent.id() == &cast.origin {
-            // A leaf whose parent is the caster itself: no child to wait
-            // for or take over, and the caster never asks again, so nothing
-            // need be kept (CA-3 still holds: the maps were checked above).
-            drop(state);
-            let calls = deliver_leaf(cx, cast);
-            if !calls.is_empty() {
-                self.state.lock().track(calls);
-            }
             return Ok(());
         }
         let timeout = Duration::from_millis(cast.timeout_ms);
@@ -800,6 +809,37 @@ impl Handler<ProcDied> for CommActor {
     }
 }
 
+/// Delivers `cast` if it is a leaf whose parent is the caster itself and
+/// new to this proc (CA-6, CA-7): no child to wait for or take over, and
+/// the caster never asks again, so nothing need be kept. Hands back any
+/// other cast, for the comm actor's handler.
+fn take_leaf(state: &Mutex<CommState>, mailbox: &Mailbox, cast: Cast) -> Option<Cast> {
+    if cast.tree.procs.len() != 1 || cast.tree.ranks.len() != 1 || cast.parent.id() != &cast.origin
+    {
+        return Some(cast);
+    }
+    let now = Instant::now();
+    // Outside the lock: a call's function sends its leaf's result.
+    let expired = state.lock().expired(now);
+    for e in expired {
+        e.call.expire(hyperactor::CallError::Timeout(e.timeout));
+    }
+    {
+        let mut state = state.lock();
+        state.sweep(now);
+        let key: Key = (cast.origin.clone(), cast.seq);
+        if state.sent.contains_key(&key) || state.pending.contains_key(&key) {
+            // Asked again (CA-3): the handler answers.
+            return Some(cast);
+        }
+    }
+    let calls = deliver_leaf(mailbox, cast);
+    if !calls.is_empty() {
+        state.lock().track(calls);
+    }
+    None
+}
+
 /// What a local actor's call ended with, as a rank's result.
 fn rank_result(
     reply: Result<Result<Vec<u8>, String>, hyperactor::CallError>,
@@ -828,7 +868,7 @@ fn rank_result(
 /// reply is folded by the task that delivers it, and the last one sends
 /// the subtree's result (CA-6). Returns the calls, for the comm actor to
 /// end those still unanswered at the cast's timeout.
-fn deliver_leaf(cx: &Context<CommActor>, cast: Cast) -> Vec<Expiring> {
+fn deliver_leaf(cx: &Mailbox, cast: Cast) -> Vec<Expiring> {
     let mode = cast.mode;
     let fold = mode.fold();
     let ranks = cast.tree.ranks.into_iter().next().unwrap_or_default();
@@ -907,7 +947,7 @@ fn deliver_leaf(cx: &Context<CommActor>, cast: Cast) -> Vec<Expiring> {
         let traced = traced.then(|| (crate::trace::now_ns(), endpoint.clone(), cast.mesh.clone()));
         let (shared, mailbox, parent, origin, subtree) = (
             shared.clone(),
-            (**cx).clone(),
+            cx.clone(),
             cast.parent.clone(),
             origin.clone(),
             subtree.clone(),
