@@ -345,14 +345,14 @@ impl<A: Handler<M>, M: RemoteMessage> PortSink for InlineSink<A, M> {
     }
 
     fn deliver(&self, payload: Payload<'_>, meta: Meta) -> Result<(), DeliveryFailure> {
-        let cell = &self.queued.cell;
-        if let Some(refusal) = cell.refusal() {
-            return Err(refusal);
-        }
         // Messages from this proc keep to the queue: their sender may
         // hold locks that the handler would take.
         if !matches!(payload, Payload::Remote(_)) {
             return self.queued.deliver(payload, meta);
+        }
+        let cell = &self.queued.cell;
+        if let Some(refusal) = cell.refusal() {
+            return Err(refusal);
         }
         let mut message = payload.into_message::<M>(&meta.dest)?;
         if let Some(claim) = cell.try_claim_idle()
@@ -417,13 +417,17 @@ impl<A: Actor> Exports<A> {
     where
         A: Handler<M>,
     {
-        let sink = HandlerSink::<A, M> {
+        let sink = self.handler_sink::<M>();
+        self.ports.push((handler_port::<M>(), Arc::new(sink)));
+        self
+    }
+
+    fn handler_sink<M: RemoteMessage>(&self) -> HandlerSink<A, M> {
+        HandlerSink {
             cell: self.cell.clone(),
             queue: self.queue.clone(),
             _message: PhantomData,
-        };
-        self.ports.push((handler_port::<M>(), Arc::new(sink)));
-        self
+        }
     }
 
     /// Exports the handler for `M` with `inline` in front of it: a message
@@ -442,11 +446,7 @@ impl<A: Actor> Exports<A> {
         let port = handler_port::<M>();
         self.ports.retain(|(p, _)| *p != port);
         let sink = InlineSink::<A, M> {
-            queued: HandlerSink {
-                cell: self.cell.clone(),
-                queue: self.queue.clone(),
-                _message: PhantomData,
-            },
+            queued: self.handler_sink(),
             home: self.home.clone(),
             inline: Box::new(inline),
         };

@@ -52,7 +52,7 @@ use hyperactor::{
     Actor, Context, DeliveryFailure, Exports, Handler, Mailbox, OncePortRef, PendingCall, PortId,
     PortRef, ProcId, RemoteMessage,
 };
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use rkyv::Place;
 use rkyv::rancor::Fallible;
 use rkyv::ser::{Allocator, Writer};
@@ -636,13 +636,7 @@ impl Handler<Cast> for CommActor {
         };
         let key: Key = (cast.origin.clone(), cast.seq);
         let now = Instant::now();
-        // Outside the lock: a call's function sends its leaf's result.
-        let expired = self.state.lock().expired(now);
-        for e in expired {
-            e.call.expire(hyperactor::CallError::Timeout(e.timeout));
-        }
-        let mut state = self.state.lock();
-        state.sweep(now);
+        let mut state = tidy(&self.state, now);
         // Asked again by a new parent after a death (CA-3).
         if let Some(sent) = state.sent.get(&key) {
             cast.parent.send(
@@ -818,15 +812,8 @@ fn take_leaf(state: &Mutex<CommState>, mailbox: &Mailbox, cast: Cast) -> Option<
     {
         return Some(cast);
     }
-    let now = Instant::now();
-    // Outside the lock: a call's function sends its leaf's result.
-    let expired = state.lock().expired(now);
-    for e in expired {
-        e.call.expire(hyperactor::CallError::Timeout(e.timeout));
-    }
     {
-        let mut state = state.lock();
-        state.sweep(now);
+        let state = tidy(state, Instant::now());
         let key: Key = (cast.origin.clone(), cast.seq);
         if state.sent.contains_key(&key) || state.pending.contains_key(&key) {
             // Asked again (CA-3): the handler answers.
@@ -838,6 +825,19 @@ fn take_leaf(state: &Mutex<CommState>, mailbox: &Mailbox, cast: Cast) -> Option<
         state.lock().track(calls);
     }
     None
+}
+
+/// Ends the leaf calls past their timeout (CA-6) and forgets what has
+/// expired, before a cast is taken; returns the state, locked.
+fn tidy(state: &Mutex<CommState>, now: Instant) -> MutexGuard<'_, CommState> {
+    // Outside the lock: a call's function sends its leaf's result.
+    let expired = state.lock().expired(now);
+    for e in expired {
+        e.call.expire(hyperactor::CallError::Timeout(e.timeout));
+    }
+    let mut locked = state.lock();
+    locked.sweep(now);
+    locked
 }
 
 /// What a local actor's call ended with, as a rank's result.
@@ -868,7 +868,7 @@ fn rank_result(
 /// reply is folded by the task that delivers it, and the last one sends
 /// the subtree's result (CA-6). Returns the calls, for the comm actor to
 /// end those still unanswered at the cast's timeout.
-fn deliver_leaf(cx: &Mailbox, cast: Cast) -> Vec<Expiring> {
+fn deliver_leaf(sender: &Mailbox, cast: Cast) -> Vec<Expiring> {
     let mode = cast.mode;
     let fold = mode.fold();
     let ranks = cast.tree.ranks.into_iter().next().unwrap_or_default();
@@ -877,7 +877,7 @@ fn deliver_leaf(cx: &Mailbox, cast: Cast) -> Vec<Expiring> {
     let traced = cast.trace.is_some();
     let trace = cast.trace.map(NodeTrace::under);
     let hop = trace.as_ref().map(|_| {
-        let mut attrs = vec![("proc".to_string(), cx.proc().id().to_string())];
+        let mut attrs = vec![("proc".to_string(), sender.proc().id().to_string())];
         attrs.push(("ranks".into(), ranks.len().to_string()));
         attrs
     });
@@ -903,13 +903,13 @@ fn deliver_leaf(cx: &Mailbox, cast: Cast) -> Vec<Expiring> {
                 partial: Partial::new(fold),
                 trace,
             };
-            cast.parent.send(cx, subtree(leaf));
+            cast.parent.send(sender, subtree(leaf));
         }
         return Vec::new();
     }
     let timeout = Duration::from_millis(cast.timeout_ms);
     let deadline = Instant::now() + timeout;
-    let proc = cx.proc().id().clone();
+    let proc = sender.proc().id().clone();
     // One count per rank, plus one for this loop, so that exactly one of
     // them (the last to finish) sends the result.
     let shared = Arc::new(Mutex::new(Leaf {
@@ -947,7 +947,7 @@ fn deliver_leaf(cx: &Mailbox, cast: Cast) -> Vec<Expiring> {
         let traced = traced.then(|| (crate::trace::now_ns(), endpoint.clone(), cast.mesh.clone()));
         let (shared, mailbox, parent, origin, subtree) = (
             shared.clone(),
-            cx.clone(),
+            sender.clone(),
             cast.parent.clone(),
             origin.clone(),
             subtree.clone(),
@@ -978,7 +978,7 @@ fn deliver_leaf(cx: &Mailbox, cast: Cast) -> Vec<Expiring> {
                 parent.send(&mailbox, subtree(leaf));
             }
         };
-        let call = cx.start_call_then(
+        let call = sender.start_call_then(
             &dest,
             |reply| MeshCall {
                 endpoint,
@@ -1003,7 +1003,7 @@ fn deliver_leaf(cx: &Mailbox, cast: Cast) -> Vec<Expiring> {
     if let Some(leaf) = done
         && mode != CastMode::Broadcast
     {
-        cast.parent.send(cx, subtree(leaf));
+        cast.parent.send(sender, subtree(leaf));
     }
     calls
 }
