@@ -124,30 +124,65 @@ where
 }
 
 /// Ids decoded lately on this thread. A stream of messages carries the
-/// same few ids (a caller's reply port, the proc a cast is for) again and
-/// again; handing out the one already decoded saves its allocations.
+/// same few ids (a caller's reply port, the proc a cast is for, the comm
+/// actors a caster hears back from) again and again; handing out the one
+/// already decoded saves its allocations. Two ways of `SETS` sets, by a
+/// hash of the archived id: a caster that hears from 16 or 64 procs finds
+/// every one of them (eight slots in turn held none of 16 senders).
 struct Recent<T> {
-    ids: [Option<T>; 8],
-    next: usize,
+    ids: [Option<T>; 2 * SETS],
+    /// Which way of each set was used last; the other is replaced.
+    last: [u8; SETS],
 }
+
+const SETS: usize = 128;
 
 impl<T: Clone> Recent<T> {
     const fn new() -> Self {
         Recent {
-            ids: [const { None }; 8],
-            next: 0,
+            ids: [const { None }; 2 * SETS],
+            last: [0; SETS],
         }
     }
 
-    fn find(&self, matches: impl Fn(&T) -> bool) -> Option<T> {
-        self.ids.iter().flatten().find(|id| matches(id)).cloned()
+    fn find(&mut self, key: u64, matches: impl Fn(&T) -> bool) -> Option<T> {
+        let set = key as usize % SETS;
+        for way in 0..2 {
+            if let Some(id) = &self.ids[2 * set + way]
+                && matches(id)
+            {
+                self.last[set] = way as u8;
+                return Some(id.clone());
+            }
+        }
+        None
     }
 
-    fn remember(&mut self, id: &T) {
-        let slot = self.next;
-        self.ids[slot] = Some(id.clone());
-        self.next = (slot + 1) % self.ids.len();
+    fn remember(&mut self, key: u64, id: &T) {
+        let set = key as usize % SETS;
+        let way = 1 - self.last[set] as usize;
+        self.ids[2 * set + way] = Some(id.clone());
+        self.last[set] = way as u8;
     }
+}
+
+/// The key of an archived proc id in [`Recent`].
+fn proc_key(archived: &ArchivedProcId) -> u64 {
+    use std::hash::{BuildHasher as _, Hash as _, Hasher as _};
+    let mut h = foldhash::fast::FixedState::with_seed(0x6d6f6e61).build_hasher();
+    archived.name.as_str().hash(&mut h);
+    archived.addr.key(&mut h);
+    h.finish()
+}
+
+/// The key of an archived actor id in [`Recent`].
+fn actor_key(archived: &ArchivedActorId) -> u64 {
+    use std::hash::{BuildHasher as _, Hash as _, Hasher as _};
+    let mut h = foldhash::fast::FixedState::with_seed(0x72636879).build_hasher();
+    archived.name.as_str().hash(&mut h);
+    archived.rank.to_native().hash(&mut h);
+    proc_key(&archived.proc).hash(&mut h);
+    h.finish()
 }
 
 thread_local! {
@@ -162,15 +197,16 @@ where
     ArchivedProcId: rkyv::Deserialize<ProcIdInner, D>,
 {
     fn deserialize(&self, deserializer: &mut D) -> Result<ProcId, D::Error> {
-        let known =
-            RECENT_PROC_IDS.with_borrow(|recent| recent.find(|id| id.matches_archived(self)));
+        let key = proc_key(self);
+        let known = RECENT_PROC_IDS
+            .with_borrow_mut(|recent| recent.find(key, |id| id.matches_archived(self)));
         if let Some(id) = known {
             return Ok(id);
         }
         let inner =
             <ArchivedProcId as rkyv::Deserialize<ProcIdInner, D>>::deserialize(self, deserializer)?;
         let id = ProcId(Arc::new(inner));
-        RECENT_PROC_IDS.with_borrow_mut(|recent| recent.remember(&id));
+        RECENT_PROC_IDS.with_borrow_mut(|recent| recent.remember(key, &id));
         Ok(id)
     }
 }
@@ -274,8 +310,9 @@ where
     ArchivedActorId: rkyv::Deserialize<ActorIdInner, D>,
 {
     fn deserialize(&self, deserializer: &mut D) -> Result<ActorId, D::Error> {
-        let known =
-            RECENT_ACTOR_IDS.with_borrow(|recent| recent.find(|id| id.matches_archived(self)));
+        let key = actor_key(self);
+        let known = RECENT_ACTOR_IDS
+            .with_borrow_mut(|recent| recent.find(key, |id| id.matches_archived(self)));
         if let Some(id) = known {
             return Ok(id);
         }
@@ -284,7 +321,7 @@ where
             deserializer,
         )?;
         let id = ActorId(Arc::new(inner));
-        RECENT_ACTOR_IDS.with_borrow_mut(|recent| recent.remember(&id));
+        RECENT_ACTOR_IDS.with_borrow_mut(|recent| recent.remember(key, &id));
         Ok(id)
     }
 }
@@ -498,5 +535,37 @@ mod tests {
         assert!(Arc::ptr_eq(&first.0, &second.0));
         let next = proc.actor_id("greeter", 4).unwrap();
         assert_eq!(decode_actor(&next), next);
+    }
+
+    /// A caster hears from many procs in turn: the comm actor of each of
+    /// 64 procs, decoded round after round, is decoded once (eight slots
+    /// used in turn kept none of 16).
+    #[test]
+    fn ids_of_64_senders_in_turn_are_each_decoded_once() {
+        let senders: Vec<ActorId> = (0..64)
+            .map(|i| {
+                let proc: ProcId = format!("unix:/tmp/senders/proc-{i}.sock,proc-{i}")
+                    .parse()
+                    .unwrap();
+                proc.actor_id("comm", 0).unwrap()
+            })
+            .collect();
+        let archived: Vec<_> = senders
+            .iter()
+            .map(|id| rkyv::to_bytes::<rkyv::rancor::Error>(id).unwrap())
+            .collect();
+        let decode =
+            |bytes: &[u8]| rkyv::from_bytes::<ActorId, rkyv::rancor::Error>(bytes).unwrap();
+        let first: Vec<ActorId> = archived.iter().map(|b| decode(b)).collect();
+        for round in 0..3 {
+            for (i, bytes) in archived.iter().enumerate() {
+                let again = decode(bytes);
+                assert_eq!(again, senders[i]);
+                assert!(
+                    Arc::ptr_eq(&again.0, &first[i].0),
+                    "round {round}: sender {i} was decoded anew"
+                );
+            }
+        }
     }
 }

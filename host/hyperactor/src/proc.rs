@@ -62,8 +62,8 @@ use tokio::sync::{mpsc, watch};
 use crate::FastMap;
 use crate::actor::{self, Actor, ActorHandle, Owner, meta_for};
 use crate::channel::frame::{
-    FrameError, FrameHeader, FrameKind, FrameReader, HEADER_LEN, finish_frame, frame_buffer,
-    small_frame,
+    FrameError, FrameHeader, FrameKind, FrameReader, HEADER_LEN, compact_frame, finish_frame,
+    frame_buffer, scratch_frame, small_frame,
 };
 use crate::channel::link::{Link, LinkConfig, Reader};
 use crate::channel::transport::{Conn, Listener, ReadHalf, WriteHalf};
@@ -762,7 +762,7 @@ impl Proc {
             return;
         }
         // The message is archived straight into the frame, the envelope after it.
-        let frame = frame_buffer(256);
+        let frame = scratch_frame();
         let encoded = message
             .encode_into(frame)
             .map_err(|e| e.to_string())
@@ -886,6 +886,7 @@ impl Proc {
             return;
         }
         finish_frame(&mut frame, FrameKind::Data, 0);
+        let frame = compact_frame(frame);
         crate::channel::traffic::count_sent(frame.len());
         let addr = envelope.dest.actor_id().proc_id().addr();
         // A link may die between lookup and send; the second try gets a new one.

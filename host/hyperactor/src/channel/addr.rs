@@ -58,6 +58,18 @@ impl ChannelAddr {
     }
 }
 
+impl ArchivedChannelAddr {
+    /// Feeds what tells this address apart to `h` (the id caches' keys).
+    pub(crate) fn key(&self, h: &mut impl std::hash::Hasher) {
+        use std::hash::Hash as _;
+        match self {
+            ArchivedChannelAddr::Local(name) => (0u8, name.as_str()).hash(h),
+            ArchivedChannelAddr::Unix(path) => (1u8, path.as_str()).hash(h),
+            ArchivedChannelAddr::Tcp(addr) => (2u8, addr.port()).hash(h),
+        }
+    }
+}
+
 impl fmt::Display for ChannelAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -129,6 +129,43 @@ pub(crate) fn frame_buffer(capacity: usize) -> AlignedVec {
     buf
 }
 
+/// Capacity of a thread's scratch frame ([`scratch_frame`]).
+const SCRATCH_CAPACITY: usize = 4096;
+/// A scratch frame grown past this (a large message) is not kept.
+const SCRATCH_KEEP: usize = 64 << 10;
+
+thread_local! {
+    static SCRATCH: std::cell::Cell<Option<AlignedVec>> = const { std::cell::Cell::new(None) };
+}
+
+/// [`frame_buffer`] from this thread's scratch buffer: archiving a message
+/// and its envelope into it grows nothing (a 256-byte start grew twice for
+/// a cast of 900 bytes); [`compact_frame`] then copies the frame out at
+/// its own size and hands the buffer back for the next one.
+pub(crate) fn scratch_frame() -> AlignedVec {
+    let mut buf = SCRATCH
+        .take()
+        .unwrap_or_else(|| AlignedVec::with_capacity(SCRATCH_CAPACITY));
+    buf.clear();
+    buf.extend_from_slice(&[0u8; HEADER_LEN]);
+    buf
+}
+
+/// `frame` in a buffer of its own length; a scratch buffer goes back to
+/// this thread for the next [`scratch_frame`]. A frame that already fits
+/// its buffer is kept as it is.
+pub(crate) fn compact_frame(frame: AlignedVec) -> AlignedVec {
+    if frame.capacity() < SCRATCH_CAPACITY {
+        return frame;
+    }
+    let mut exact = AlignedVec::with_capacity(frame.len());
+    exact.extend_from_slice(&frame);
+    if frame.capacity() <= SCRATCH_KEEP {
+        SCRATCH.set(Some(frame));
+    }
+    exact
+}
+
 /// Pads the frame and writes its header.
 pub(crate) fn finish_frame(buf: &mut AlignedVec, kind: FrameKind, seq: u64) {
     let body_len = buf.len() - HEADER_LEN;
