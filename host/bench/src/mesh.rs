@@ -33,6 +33,14 @@
 //! {"suite":"mesh","metric":"call_gather_8_us","peer":"monarch-0.7.0","value":2977.47,"unit":"us"}
 //! ```
 //!
+//! With peers the suite runs in rounds (`--rounds`, 3 by default): this
+//! host's workloads, then Monarch's, three times in turn, then Ray's three
+//! times (its cluster takes seconds to stop, so it overlaps none of this
+//! host's rounds). Every record, this host's and each peer's, is the
+//! median of its rounds; each round's figures go to the log. A virtual
+//! machine's speed moves from one minute to the next, and a slow minute
+//! then falls on each system alike rather than on one.
+//!
 //! A missing Python or package is a warning on stderr (with the command
 //! that installs them), not an error: the suite's own records stand. A
 //! table of this host's figures beside the peers' goes to stderr.
@@ -93,14 +101,24 @@ pub struct MeshArgs {
     /// this one; a `monarch-host` binary works too.
     #[arg(long)]
     proc_program: Option<PathBuf>,
-    /// After this suite, run the same workloads on PyTorch Monarch 0.7.0
-    /// and Ray 2.60.0 (`host/bench/peers/*.py`) in the same run and print
-    /// their records too, each with a `peer` field; about two minutes
-    /// more. Needs Python with both packages: `python3 -m venv
+    /// Also run the same workloads on PyTorch Monarch 0.7.0 and Ray 2.60.0
+    /// (`host/bench/peers/*.py`) in the same run and print their records
+    /// too, each with a `peer` field: 3 rounds by default (`--rounds`),
+    /// Monarch's in turn with this host's and Ray's after them; about six
+    /// minutes on 2 cores. Needs Python with both packages: `python3 -m venv
     /// target/peers-venv && target/peers-venv/bin/pip install
     /// torchmonarch==0.7.0 ray==2.60.0`.
     #[arg(long)]
     peers: bool,
+    /// Runs this host's workloads and each peer's this many times, in
+    /// turn (this host, Monarch, Ray, this host, ...), and reports each
+    /// metric's median over the rounds: a virtual machine's speed moves
+    /// from one minute to the next (by up to 2 x on the 2-vCPU VMs of
+    /// docs/benchmarks.md), and rounds in turn let a slow minute fall on
+    /// every system alike. Default: 3 with `--peers` (when a peer can
+    /// run), else 1.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=9))]
+    rounds: Option<u32>,
     /// The Python that runs the peers (`--peers`).
     #[arg(long, default_value = DEFAULT_PEERS_PYTHON, value_name = "PATH")]
     peers_python: PathBuf,
@@ -115,7 +133,7 @@ pub struct MeshArgs {
 pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
     let began = Instant::now();
     guest::check_program(&args.program)?;
-    let proc_program = match args.proc_program {
+    let proc_program = match args.proc_program.clone() {
         Some(path) => path,
         None => std::env::current_exe().context("cannot find this binary to start procs")?,
     };
@@ -162,22 +180,65 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    let records = guest::run(&args.program, &guest_args, sandbox)
-        .await
-        .context("the mesh benchmark program failed")?;
-    if let Some(traces) = traces {
-        let report = traces.finish(Duration::from_secs(30));
-        tracing::info!(
-            traces = report.traces,
-            spans = report.spans,
-            dropped = report.dropped,
-            "casts traced"
-        );
+    let peers = match args.peers {
+        true => ready_peers(&args.peers_python, scratch.path()).await?,
+        false => Vec::new(),
+    };
+    let rounds = args
+        .rounds
+        .unwrap_or(if peers.is_empty() { 1 } else { PEER_ROUNDS });
+    let mut ours: Vec<Vec<Record>> = Vec::new();
+    let mut theirs: Vec<PeerRecord> = Vec::new();
+    let mut traces = traces;
+    for round in 1..=rounds {
+        let records = guest::run(&args.program, &guest_args, sandbox.clone())
+            .await
+            .context("the mesh benchmark program failed")?;
+        // Only the first round is traced.
+        if let Some(traces) = traces.take() {
+            let report = traces.finish(Duration::from_secs(30));
+            tracing::info!(
+                traces = report.traces,
+                spans = report.spans,
+                dropped = report.dropped,
+                "casts traced"
+            );
+        }
+        guest::expect_metrics(&records, &GUEST_METRICS)?;
+        if rounds > 1 {
+            let figures: Vec<String> = records
+                .iter()
+                .map(|r| format!("{} {:.2}", r.metric, r.value))
+                .collect();
+            tracing::info!(round, rounds, "this host: {}", figures.join(", "));
+        }
+        ours.push(records);
+        let in_turn = peers.iter().filter(|p| p.in_turn);
+        run_peer_round(&args, scratch.path(), in_turn, (round, rounds), &mut theirs).await;
     }
-    guest::expect_metrics(&records, &GUEST_METRICS)?;
-    // In the documented order, whatever order the guest measured them in.
-    let mut records = records;
-    records.sort_by_key(|r| GUEST_METRICS.iter().position(|m| *m == r.metric));
+    // Ray's cluster takes seconds to stop after its script ends: its
+    // rounds come last, so that they overlap none of this host's.
+    for round in 1..=rounds {
+        let last = peers.iter().filter(|p| !p.in_turn);
+        run_peer_round(&args, scratch.path(), last, (round, rounds), &mut theirs).await;
+    }
+    // Each metric's median over the rounds, in the documented order.
+    let records: Vec<Record> = GUEST_METRICS
+        .iter()
+        .filter_map(|metric| {
+            let values: Vec<f64> = ours
+                .iter()
+                .filter_map(|round| round.iter().find(|r| r.metric == *metric))
+                .map(|r| r.value)
+                .collect();
+            let unit = ours[0].iter().find(|r| r.metric == *metric)?.unit;
+            Some(Record {
+                metric: metric.to_string(),
+                value: median(&values)?,
+                unit,
+            })
+        })
+        .collect();
     for record in &records {
         emit(SUITE, &record.metric, record.value, record.unit)?;
     }
@@ -201,8 +262,8 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
         seconds = format!("{:.1}", began.elapsed().as_secs_f64()),
         "mesh suite done"
     );
-    if args.peers {
-        let peers = run_peers(&args.peers_python, scratch.path(), args.quick).await?;
+    if !peers.is_empty() {
+        let peers = peer_medians(&theirs)?;
         log_comparison(&records, &peers, &gather_floors);
     }
     Ok(())
@@ -323,6 +384,9 @@ const DEFAULT_PEERS_PYTHON: &str = "target/peers-venv/bin/python";
 /// How to install what `--peers` needs, from the repository root.
 const PEERS_INSTALL: &str = "python3 -m venv target/peers-venv && target/peers-venv/bin/pip install torchmonarch==0.7.0 ray==2.60.0";
 
+/// Rounds of each system with `--peers`, when `--rounds` does not say.
+const PEER_ROUNDS: u32 = 3;
+
 /// How long one peer's script may run (each takes about a minute on two
 /// cores) before it is killed with everything it started.
 const PEER_TIMEOUT: Duration = Duration::from_secs(240);
@@ -340,6 +404,9 @@ struct Peer {
     /// Its script: a file name and the text (`host/bench/peers`).
     script: &'static str,
     source: &'static str,
+    /// Its rounds alternate with this host's (`--rounds`); else they run
+    /// after all of them.
+    in_turn: bool,
 }
 
 /// The peers, in the order they run and appear in the table.
@@ -350,6 +417,7 @@ const PEERS: [Peer; 2] = [
         version: "0.7.0",
         script: "monarch_mesh.py",
         source: include_str!("../peers/monarch_mesh.py"),
+        in_turn: true,
     },
     Peer {
         label: "ray-2.60.0",
@@ -357,6 +425,7 @@ const PEERS: [Peer; 2] = [
         version: "2.60.0",
         script: "ray_mesh.py",
         source: include_str!("../peers/ray_mesh.py"),
+        in_turn: false,
     },
 ];
 
@@ -444,17 +513,17 @@ fn parse_peer_line(line: &str, peer: &str) -> Result<PeerRecord, String> {
     })
 }
 
-/// Runs every peer's script with `python`, passes their records on to
-/// stdout and returns them. Whatever keeps a peer from running is a
-/// warning, not an error.
-async fn run_peers(python: &Path, scratch: &Path, quick: bool) -> anyhow::Result<Vec<PeerRecord>> {
-    let mut records = Vec::new();
+/// The peers that can run: `python` has each one's package at its
+/// version; their scripts are written to `scratch`. Whatever keeps a peer
+/// from running is a warning, not an error.
+async fn ready_peers(python: &Path, scratch: &Path) -> anyhow::Result<Vec<&'static Peer>> {
+    let mut ready = Vec::new();
     if !python.exists() {
         tracing::warn!(
             python = %python.display(),
             "--peers: no Python here, so no peer figures; from the repository root, install them with: {PEERS_INSTALL} (or name another Python with --peers-python)"
         );
-        return Ok(records);
+        return Ok(ready);
     }
     for peer in &PEERS {
         match installed_version(python, peer.package).await {
@@ -489,9 +558,32 @@ async fn run_peers(python: &Path, scratch: &Path, quick: bool) -> anyhow::Result
         let script = scratch.join(peer.script);
         std::fs::write(&script, peer.source)
             .with_context(|| format!("cannot write {}", script.display()))?;
+        ready.push(peer);
+    }
+    Ok(ready)
+}
+
+/// Runs each peer's script once with `python` and adds its records to
+/// `records`. A peer that fails is a warning: the other figures stand.
+async fn run_peer_round(
+    args: &MeshArgs,
+    scratch: &Path,
+    peers: impl Iterator<Item = &&'static Peer>,
+    (round, rounds): (u32, u32),
+    records: &mut Vec<PeerRecord>,
+) {
+    let (python, quick) = (&args.peers_python, args.quick);
+    for peer in peers {
+        let script = scratch.join(peer.script);
         let began = Instant::now();
-        tracing::info!(peer = peer.label, "running the suite's workloads on a peer");
-        match run_peer(peer, python, &script, quick, &mut records).await {
+        tracing::info!(
+            peer = peer.label,
+            round,
+            rounds,
+            "running the suite's workloads on a peer"
+        );
+        let mut these = Vec::new();
+        match run_peer(peer, python, &script, quick, &mut these).await {
             Ok(()) => tracing::info!(
                 peer = peer.label,
                 seconds = format!("{:.1}", began.elapsed().as_secs_f64()),
@@ -502,11 +594,7 @@ async fn run_peers(python: &Path, scratch: &Path, quick: bool) -> anyhow::Result
         let missing: Vec<&str> = GUEST_METRICS
             .iter()
             .copied()
-            .filter(|m| {
-                !records
-                    .iter()
-                    .any(|r| r.peer == peer.label && r.metric == *m)
-            })
+            .filter(|m| !these.iter().any(|r| r.metric == *m))
             .collect();
         if !missing.is_empty() {
             tracing::info!(
@@ -515,8 +603,41 @@ async fn run_peers(python: &Path, scratch: &Path, quick: bool) -> anyhow::Result
                 missing.join(", ")
             );
         }
+        records.extend(these);
     }
-    Ok(records)
+}
+
+/// Each peer's median of each metric over its rounds, written to stdout
+/// (one record a peer and metric) and returned.
+fn peer_medians(records: &[PeerRecord]) -> anyhow::Result<Vec<PeerRecord>> {
+    let mut medians = Vec::new();
+    let mut out = std::io::stdout().lock();
+    for peer in &PEERS {
+        for metric in GUEST_METRICS {
+            let of: Vec<&PeerRecord> = records
+                .iter()
+                .filter(|r| r.peer == peer.label && r.metric == metric)
+                .collect();
+            let values: Vec<f64> = of.iter().map(|r| r.value).collect();
+            let (Some(first), Some(value)) = (of.first(), median(&values)) else {
+                continue;
+            };
+            if of.len() > 1 {
+                let each: Vec<String> = values.iter().map(|v| format!("{v:.2}")).collect();
+                tracing::info!(peer = peer.label, metric, "rounds: {}", each.join(", "));
+            }
+            let record = PeerRecord {
+                peer: peer.label.to_string(),
+                metric: metric.to_string(),
+                value,
+                unit: first.unit.clone(),
+            };
+            writeln!(out, "{}", record.line())?;
+            medians.push(record);
+        }
+    }
+    out.flush()?;
+    Ok(medians)
 }
 
 /// The version of `package` installed for `python`.
@@ -582,12 +703,7 @@ async fn run_peer(
                 continue;
             }
             match parse_peer_line(line, peer.label) {
-                Ok(record) => {
-                    let mut out = std::io::stdout().lock();
-                    writeln!(out, "{}", record.line())?;
-                    out.flush()?;
-                    records.push(record);
-                }
+                Ok(record) => records.push(record),
                 Err(why) => tracing::warn!(
                     peer = peer.label,
                     "dropped a line of the peer's stdout ({why}): {line:?}"

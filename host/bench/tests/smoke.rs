@@ -236,6 +236,22 @@ fn mesh_quick_prints_each_metric_once_as_json_and_nothing_else() {
     assert!(took < Duration::from_secs(20), "mesh --quick took {took:?}");
 }
 
+/// `--rounds 2`: the workloads run twice, each round's figures go to the
+/// log, and stdout still holds one record a metric (the median).
+#[test]
+fn mesh_rounds_log_each_round_and_print_each_metric_once() {
+    let program = guest_program();
+    let program = program.to_str().expect("a UTF-8 path");
+    let output = run(
+        &["mesh", "--quick", "--rounds", "2", "--program", program],
+        Duration::from_secs(90),
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_records(output, "mesh", &MESH_METRICS);
+    let rounds = stderr.lines().filter(|l| l.contains("this host: ")).count();
+    assert_eq!(rounds, 2, "{stderr}");
+}
+
 #[test]
 fn serve_quick_prints_each_metric_once_as_json_and_nothing_else() {
     let programs = example_programs();
