@@ -173,7 +173,7 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
     if args.quick {
         guest_args.push("quick".into());
     }
-    let traces = match &args.trace_file {
+    let mut traces = match &args.trace_file {
         Some(file) => Some(
             monarch_host::traces::TraceOutput::start(None, Some(file))
                 .map_err(|e| anyhow::anyhow!(e))?,
@@ -189,7 +189,6 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
         .unwrap_or(if peers.is_empty() { 1 } else { PEER_ROUNDS });
     let mut ours: Vec<Vec<Record>> = Vec::new();
     let mut theirs: Vec<PeerRecord> = Vec::new();
-    let mut traces = traces;
     for round in 1..=rounds {
         let records = guest::run(&args.program, &guest_args, sandbox.clone())
             .await

@@ -65,7 +65,7 @@ impl ArchivedChannelAddr {
         match self {
             ArchivedChannelAddr::Local(name) => (0u8, name.as_str()).hash(h),
             ArchivedChannelAddr::Unix(path) => (1u8, path.as_str()).hash(h),
-            ArchivedChannelAddr::Tcp(addr) => (2u8, addr.port()).hash(h),
+            ArchivedChannelAddr::Tcp(addr) => (2u8, addr).hash(h),
         }
     }
 }
