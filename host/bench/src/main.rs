@@ -90,7 +90,10 @@
 //! The full suite takes about 10 s on two cores; `--quick` a few seconds.
 //! `--peers` then runs the same workloads on PyTorch Monarch 0.7.0 and Ray
 //! 2.60.0 (`host/bench/peers`) and prints their records with a `peer`
-//! field, `{"suite":"mesh","metric":...,"peer":"monarch-0.7.0",...}`.
+//! field, `{"suite":"mesh","metric":...,"peer":"monarch-0.7.0",...}`,
+//! each system's figure the median of 3 rounds taken in turn (`--rounds`);
+//! rounds during which the hypervisor took more than `--max-steal` % of the
+//! CPUs are run again and the least-stolen ones used.
 //!
 //! ## `serve`: `monarch-host serve` over HTTP, as its users see it
 //!
@@ -218,6 +221,7 @@ mod report;
 mod runtime;
 mod scale;
 mod serve;
+mod steal;
 mod worker;
 
 use std::io::IsTerminal;
