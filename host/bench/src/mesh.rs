@@ -42,12 +42,15 @@
 //! then falls on each system alike rather than on one.
 //!
 //! Each round also notes the share of the machine's CPU time the
-//! hypervisor took while it ran ([`crate::steal`]). A round during which
-//! more than `--max-steal` (5 %) was stolen is run again, in turn as
-//! before, up to `--rounds` more times, and each system's figures are the
-//! medians of its least-stolen rounds (as many as `--rounds`): every
-//! system is read from minutes in which it had the machine's CPUs. The log
-//! says which rounds were used and how much each lost. Not with `--quick`.
+//! hypervisor took while each metric was measured ([`crate::steal`]:
+//! `/proc/stat` read as each figure is logged, by this host's program and
+//! by the peers' scripts alike). A round in which more than `--max-steal`
+//! (5 %) was stolen while any metric ran is run again, in turn as before,
+//! up to `--rounds` more times, and each figure is the median over the
+//! `--rounds` rounds in which the least was stolen while that metric ran:
+//! every system is read from seconds in which it had the machine's CPUs.
+//! The log says what each metric lost in each round and which rounds a
+//! figure leaves out. Not with `--quick`.
 //!
 //! A missing Python or package is a warning on stderr (with the command
 //! that installs them), not an error: the suite's own records stand. A
@@ -67,8 +70,9 @@ use crate::guest::{self, Record};
 use crate::raw::{self, RawStream};
 use crate::report::{Unit, emit, log_spread, median};
 use crate::runtime::raw_rtt;
-use crate::steal;
+use crate::steal::{self, CpuTimes};
 use crate::worker::{Scratch, Worker};
+use std::sync::{Arc, Mutex};
 
 const SUITE: &str = "mesh";
 
@@ -128,11 +132,11 @@ pub struct MeshArgs {
     /// with `--peers` (when a peer can run), else 1.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=9))]
     rounds: Option<u32>,
-    /// A round during which the hypervisor took more than PCT % of the
-    /// machine's CPU time (`steal` in /proc/stat) is run again, up to
-    /// `--rounds` more times, and each system's figures are the medians of
-    /// its least-stolen rounds. 100 never runs a round again. Not with
-    /// `--quick`.
+    /// A round in which the hypervisor took more than PCT % of the
+    /// machine's CPU time (`steal` in /proc/stat) while any metric ran is
+    /// run again, up to `--rounds` more times, and each figure is the
+    /// median of the rounds that lost least while its metric ran. 100
+    /// never runs a round again. Not with `--quick`.
     #[arg(long, default_value_t = 5.0, value_name = "PCT", value_parser = parse_pct)]
     max_steal: f64,
     /// The Python that runs the peers (`--peers`).
@@ -210,7 +214,7 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
     let mut peer_rounds: Vec<PeerRound> = Vec::new();
     let in_turn: Vec<&'static Peer> = peers.iter().copied().filter(|p| p.in_turn).collect();
     for round in 1..=passes {
-        let ours_clean = ours.iter().map(|r| Some(r.stolen)).collect::<Vec<_>>();
+        let ours_clean = ours.iter().map(|r| Some(r.worst())).collect::<Vec<_>>();
         if round > rounds
             && enough_clean(&ours_clean, rounds, args.max_steal)
             && !in_turn
@@ -227,10 +231,27 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
             );
         }
         let span = steal::Span::begin();
-        let records = guest::run(&args.program, &guest_args, sandbox.clone())
+        // The machine's CPU times as each figure is logged: what was
+        // stolen while each metric was measured.
+        let marks: Arc<Mutex<Vec<Mark>>> = Arc::default();
+        let watch = {
+            let marks = marks.clone();
+            move |line: &str| {
+                if let Ok(Some(record)) = guest::parse_line(line)
+                    && let Ok(mut marks) = marks.lock()
+                {
+                    marks.push((record.metric, CpuTimes::now()));
+                }
+            }
+        };
+        let (records, _) = guest::run_watched(&args.program, &guest_args, sandbox.clone(), watch)
             .await
             .context("the mesh benchmark program failed")?;
         let stolen = span.stolen_pct();
+        let phases = phase_steal(
+            span.start(),
+            &marks.lock().map(|m| m.clone()).unwrap_or_default(),
+        );
         // Only the first round is traced.
         if let Some(traces) = traces.take() {
             let report = traces.finish(Duration::from_secs(30));
@@ -254,11 +275,13 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
                 "this host: {}",
                 figures.join(", ")
             );
+            log_phases("this host", round, &phases);
         }
         ours.push(OurRound {
             round,
             records,
             stolen,
+            phases,
         });
         run_peer_round(&args, scratch.path(), &in_turn, round, &mut peer_rounds).await;
     }
@@ -274,18 +297,21 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
         }
         run_peer_round(&args, scratch.path(), &last, round, &mut peer_rounds).await;
     }
-    // Each system's least-stolen rounds, as many as `rounds`.
-    let our_steal: Vec<(u32, Option<f64>)> = ours.iter().map(|r| (r.round, r.stolen)).collect();
-    let used = least_stolen(&our_steal, rounds as usize);
-    log_rounds_used("this host", &our_steal, &used);
-    let ours: Vec<&OurRound> = ours.iter().filter(|r| used.contains(&r.round)).collect();
-    let theirs = least_stolen_peer_records(&peer_rounds, rounds as usize);
-    // Each metric's median over the rounds, in the documented order.
+    // Each metric's median over the rounds, in the documented order: over
+    // the `rounds` rounds in which the least was stolen while it ran.
+    let mut left_out = Vec::new();
     let records: Vec<Record> = GUEST_METRICS
         .iter()
         .filter_map(|metric| {
+            let ran: Vec<(u32, Option<f64>)> = ours
+                .iter()
+                .map(|r| (r.round, r.stolen_during(metric)))
+                .collect();
+            let used = least_stolen(&ran, rounds as usize);
+            left_out.extend(rounds_left_out(metric, &ran, &used));
             let values: Vec<f64> = ours
                 .iter()
+                .filter(|round| used.contains(&round.round))
                 .filter_map(|round| round.records.iter().find(|r| r.metric == *metric))
                 .map(|r| r.value)
                 .collect();
@@ -297,6 +323,8 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
             })
         })
         .collect();
+    log_left_out("this host", &left_out);
+    let theirs = least_stolen_peer_records(&peer_rounds, rounds as usize);
     for record in &records {
         emit(SUITE, &record.metric, record.value, record.unit)?;
     }
@@ -641,8 +669,9 @@ async fn run_peer_round(
             "running the suite's workloads on a peer"
         );
         let mut these = Vec::new();
+        let mut marks = Vec::new();
         let span = steal::Span::begin();
-        let ok = match run_peer(peer, python, &script, quick, &mut these).await {
+        let ok = match run_peer(peer, python, &script, quick, &mut these, &mut marks).await {
             Ok(()) => {
                 tracing::info!(
                     peer = peer.label,
@@ -669,14 +698,43 @@ async fn run_peer_round(
                 missing.join(", ")
             );
         }
+        let phases = phase_steal(span.start(), &marks);
+        log_phases(peer.label, round, &phases);
         rounds.push(PeerRound {
             peer: peer.label,
             round,
             stolen: span.stolen_pct(),
+            phases,
             ok: ok && !these.is_empty(),
             records: these,
         });
     }
+}
+
+/// A metric as it was logged, and the machine's CPU times then.
+type Mark = (String, Option<CpuTimes>);
+
+/// What was stolen while each metric was measured: from the figure logged
+/// before it (or the round's start) to its own, in percent.
+fn phase_steal(start: Option<CpuTimes>, marks: &[Mark]) -> Vec<(String, Option<f64>)> {
+    let mut before = start;
+    marks
+        .iter()
+        .map(|(metric, at)| {
+            let stolen = before.zip(*at).and_then(|(a, b)| a.stolen_pct_until(&b));
+            before = *at;
+            (metric.clone(), stolen)
+        })
+        .collect()
+}
+
+/// Logs what was stolen while each metric of a round was measured.
+fn log_phases(system: &str, round: u32, phases: &[(String, Option<f64>)]) {
+    let each: Vec<String> = phases
+        .iter()
+        .map(|(metric, stolen)| format!("{metric} {}", steal::pct(*stolen)))
+        .collect();
+    tracing::info!(system, round, "stolen while each ran: {}", each.join(", "));
 }
 
 /// One round of this host's workloads.
@@ -685,6 +743,8 @@ struct OurRound {
     records: Vec<Record>,
     /// Percent of the machine's CPU time the hypervisor took meanwhile.
     stolen: Option<f64>,
+    /// The same while each metric was measured.
+    phases: Vec<(String, Option<f64>)>,
 }
 
 /// One round of a peer's workloads.
@@ -692,9 +752,45 @@ struct PeerRound {
     peer: &'static str,
     round: u32,
     stolen: Option<f64>,
+    phases: Vec<(String, Option<f64>)>,
     /// Its script ran to the end and reported figures.
     ok: bool,
     records: Vec<PeerRecord>,
+}
+
+/// What a round lost: the most stolen while any of its metrics ran, or
+/// over the whole round.
+fn worst(stolen: Option<f64>, phases: &[(String, Option<f64>)]) -> Option<f64> {
+    phases
+        .iter()
+        .filter_map(|(_, s)| *s)
+        .chain(stolen)
+        .max_by(f64::total_cmp)
+}
+
+/// What was stolen while `metric` was measured in a round; the round's
+/// share where the metric has no phase of its own or one too short to
+/// tell (two figures logged together).
+fn stolen_during(
+    stolen: Option<f64>,
+    phases: &[(String, Option<f64>)],
+    metric: &str,
+) -> Option<f64> {
+    phases
+        .iter()
+        .find(|(m, _)| m == metric)
+        .and_then(|(_, s)| *s)
+        .or(stolen)
+}
+
+impl OurRound {
+    fn worst(&self) -> Option<f64> {
+        worst(self.stolen, &self.phases)
+    }
+
+    fn stolen_during(&self, metric: &str) -> Option<f64> {
+        stolen_during(self.stolen, &self.phases, metric)
+    }
 }
 
 /// Whether at least `want` of these rounds ran (`Some`) with at most
@@ -714,7 +810,7 @@ fn peer_wants_more(rounds: &[PeerRound], peer: &Peer, want: u32, max_steal: f64)
     let stolen: Vec<Option<Option<f64>>> = rounds
         .iter()
         .filter(|r| r.peer == peer.label)
-        .map(|r| r.ok.then_some(r.stolen))
+        .map(|r| r.ok.then_some(worst(r.stolen, &r.phases)))
         .collect();
     stolen.iter().any(Option::is_some) && !enough_clean(&stolen, want, max_steal)
 }
@@ -729,48 +825,52 @@ fn least_stolen(rounds: &[(u32, Option<f64>)], want: usize) -> Vec<u32> {
     used
 }
 
-/// Logs, when some rounds were left out, which rounds of `system` its
-/// figures are the medians of and how much each round lost.
-fn log_rounds_used(system: &str, rounds: &[(u32, Option<f64>)], used: &[u32]) {
-    if rounds.len() <= used.len() {
-        return;
-    }
-    let each: Vec<String> = rounds
+/// For the log: the rounds of `metric` that its figure leaves out, with
+/// what was stolen while it ran in each.
+fn rounds_left_out(metric: &str, ran: &[(u32, Option<f64>)], used: &[u32]) -> Option<String> {
+    let out: Vec<String> = ran
         .iter()
-        .map(|(round, stolen)| {
-            let mark = if used.contains(round) {
-                ""
-            } else {
-                " (left out)"
-            };
-            format!("{round}: {}{mark}", steal::pct(*stolen))
-        })
+        .filter(|(round, _)| !used.contains(round))
+        .map(|(round, stolen)| format!("{round} ({})", steal::pct(*stolen)))
         .collect();
-    tracing::info!(
-        system,
-        "figures from the least-stolen rounds; stolen in each: {}",
-        each.join(", ")
-    );
+    (!out.is_empty()).then(|| format!("{metric} without round {}", out.join(", ")))
 }
 
-/// Each peer's records from its least-stolen rounds that ran to the end,
-/// as many as `want`.
+/// Logs which rounds the figures of `system` left out.
+fn log_left_out(system: &str, left_out: &[String]) {
+    if !left_out.is_empty() {
+        tracing::info!(
+            system,
+            "figures from the least-stolen rounds: {}",
+            left_out.join("; ")
+        );
+    }
+}
+
+/// Each peer's records of each metric from its rounds that ran to the end
+/// and lost least while that metric ran, as many as `want`.
 fn least_stolen_peer_records(rounds: &[PeerRound], want: usize) -> Vec<PeerRecord> {
     let mut records = Vec::new();
     for peer in &PEERS {
-        let ran: Vec<(u32, Option<f64>)> = rounds
-            .iter()
-            .filter(|r| r.peer == peer.label && r.ok)
-            .map(|r| (r.round, r.stolen))
-            .collect();
-        let used = least_stolen(&ran, want);
-        log_rounds_used(peer.label, &ran, &used);
-        records.extend(
-            rounds
+        let mut left_out = Vec::new();
+        for metric in GUEST_METRICS {
+            let ran: Vec<(u32, Option<f64>)> = rounds
                 .iter()
-                .filter(|r| r.peer == peer.label && used.contains(&r.round))
-                .flat_map(|r| r.records.iter().cloned()),
-        );
+                .filter(|r| r.peer == peer.label && r.ok)
+                .filter(|r| r.records.iter().any(|rec| rec.metric == metric))
+                .map(|r| (r.round, stolen_during(r.stolen, &r.phases, metric)))
+                .collect();
+            let used = least_stolen(&ran, want);
+            left_out.extend(rounds_left_out(metric, &ran, &used));
+            records.extend(
+                rounds
+                    .iter()
+                    .filter(|r| r.peer == peer.label && used.contains(&r.round))
+                    .flat_map(|r| r.records.iter().filter(|rec| rec.metric == metric))
+                    .cloned(),
+            );
+        }
+        log_left_out(peer.label, &left_out);
     }
     records
 }
@@ -856,6 +956,7 @@ async fn run_peer(
     script: &Path,
     quick: bool,
     records: &mut Vec<PeerRecord>,
+    marks: &mut Vec<Mark>,
 ) -> anyhow::Result<()> {
     let mut command = tokio::process::Command::new(python);
     command.arg(script);
@@ -879,7 +980,10 @@ async fn run_peer(
                 continue;
             }
             match parse_peer_line(line, peer.label) {
-                Ok(record) => records.push(record),
+                Ok(record) => {
+                    marks.push((record.metric.clone(), CpuTimes::now()));
+                    records.push(record);
+                }
                 Err(why) => tracing::warn!(
                     peer = peer.label,
                     "dropped a line of the peer's stdout ({why}): {line:?}"
@@ -1018,6 +1122,7 @@ mod tests {
             peer,
             round,
             stolen: Some(stolen),
+            phases: Vec::new(),
             ok,
             records: Vec::new(),
         };
@@ -1033,6 +1138,49 @@ mod tests {
         assert!(!peer_wants_more(&failing, monarch, 2, 5.0));
         // Another peer's rounds are not this one's.
         assert!(!peer_wants_more(&stolen_once, &PEERS[1], 2, 5.0));
+    }
+
+    #[test]
+    fn each_metric_is_read_from_the_rounds_that_lost_least_while_it_ran() {
+        let ticks = |stolen, total| parse(stolen, total);
+        let start = ticks(0, 0);
+        let marks = vec![
+            ("call_gather_8_us".to_string(), ticks(0, 200)),
+            ("call_gather_16_us".to_string(), ticks(60, 400)),
+            ("spawn_procs_8_ms".to_string(), ticks(60, 600)),
+            ("spawn_procs_16_ms".to_string(), ticks(60, 600)),
+            ("cast_reduce_1024_us".to_string(), None),
+        ];
+        let phases = phase_steal(start, &marks);
+        assert_eq!(phases[0], ("call_gather_8_us".to_string(), Some(0.0)));
+        assert_eq!(phases[1], ("call_gather_16_us".to_string(), Some(30.0)));
+        assert_eq!(phases[2].1, Some(0.0));
+        // Logged with the one before it: no ticks of its own.
+        assert_eq!(phases[3].1, None);
+        assert_eq!(phases[4].1, None);
+        let whole = Some(10.0);
+        assert_eq!(worst(whole, &phases), Some(30.0));
+        assert_eq!(
+            stolen_during(whole, &phases, "call_gather_16_us"),
+            Some(30.0)
+        );
+        assert_eq!(stolen_during(whole, &phases, "call_gather_8_us"), Some(0.0));
+        // Too short to tell, or not a phase of this round: the round's share.
+        assert_eq!(stolen_during(whole, &phases, "spawn_procs_16_ms"), whole);
+        assert_eq!(
+            stolen_during(whole, &phases, "broadcast_100_then_call_16_ms"),
+            whole
+        );
+        assert_eq!(
+            rounds_left_out("call_gather_16_us", &[(1, Some(30.0)), (2, None)], &[2]),
+            Some("call_gather_16_us without round 1 (30.0 %)".to_string())
+        );
+        assert_eq!(rounds_left_out("m", &[(1, Some(30.0))], &[1]), None);
+    }
+
+    /// CPU times with `stolen` of `total` ticks.
+    fn parse(stolen: u64, total: u64) -> Option<CpuTimes> {
+        CpuTimes::from_ticks(stolen, total)
     }
 
     #[test]

@@ -37,6 +37,14 @@ impl CpuTimes {
     }
 }
 
+impl CpuTimes {
+    /// Times of `stolen` out of `total` ticks, for tests.
+    #[cfg(test)]
+    pub fn from_ticks(stolen: u64, total: u64) -> Option<CpuTimes> {
+        Some(CpuTimes { stolen, total })
+    }
+}
+
 fn read(path: &Path) -> Option<CpuTimes> {
     parse(&std::fs::read_to_string(path).ok()?)
 }
@@ -67,6 +75,11 @@ impl Span {
     /// A span that begins now.
     pub fn begin() -> Span {
         Span(CpuTimes::now())
+    }
+
+    /// The machine's CPU times when the span began.
+    pub fn start(&self) -> Option<CpuTimes> {
+        self.0
     }
 
     /// The percentage of the machine's CPU time stolen since the span
