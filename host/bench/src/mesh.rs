@@ -214,7 +214,10 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
     let mut peer_rounds: Vec<PeerRound> = Vec::new();
     let in_turn: Vec<&'static Peer> = peers.iter().copied().filter(|p| p.in_turn).collect();
     for round in 1..=passes {
-        let ours_clean = ours.iter().map(|r| Some(r.worst())).collect::<Vec<_>>();
+        let ours_clean = ours
+            .iter()
+            .map(|r| Some(r.stolen.worst()))
+            .collect::<Vec<_>>();
         if round > rounds
             && enough_clean(&ours_clean, rounds, args.max_steal)
             && !in_turn
@@ -247,11 +250,8 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
         let (records, _) = guest::run_watched(&args.program, &guest_args, sandbox.clone(), watch)
             .await
             .context("the mesh benchmark program failed")?;
-        let stolen = span.stolen_pct();
-        let phases = phase_steal(
-            span.start(),
-            &marks.lock().map(|m| m.clone()).unwrap_or_default(),
-        );
+        let marks = marks.lock().map(|mut m| std::mem::take(&mut *m));
+        let stolen = Stolen::since(&span, &marks.unwrap_or_default());
         // Only the first round is traced.
         if let Some(traces) = traces.take() {
             let report = traces.finish(Duration::from_secs(30));
@@ -271,17 +271,16 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
             tracing::info!(
                 round,
                 rounds,
-                stolen = steal::pct(stolen),
+                stolen = steal::pct(stolen.whole),
                 "this host: {}",
                 figures.join(", ")
             );
-            log_phases("this host", round, &phases);
+            stolen.log("this host", round);
         }
         ours.push(OurRound {
             round,
             records,
             stolen,
-            phases,
         });
         run_peer_round(&args, scratch.path(), &in_turn, round, &mut peer_rounds).await;
     }
@@ -305,10 +304,9 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
         .filter_map(|metric| {
             let ran: Vec<(u32, Option<f64>)> = ours
                 .iter()
-                .map(|r| (r.round, r.stolen_during(metric)))
+                .map(|r| (r.round, r.stolen.during(metric)))
                 .collect();
-            let used = least_stolen(&ran, rounds as usize);
-            left_out.extend(rounds_left_out(metric, &ran, &used));
+            let used = least_stolen(metric, &ran, rounds as usize, &mut left_out);
             let values: Vec<f64> = ours
                 .iter()
                 .filter(|round| used.contains(&round.round))
@@ -671,12 +669,14 @@ async fn run_peer_round(
         let mut these = Vec::new();
         let mut marks = Vec::new();
         let span = steal::Span::begin();
-        let ok = match run_peer(peer, python, &script, quick, &mut these, &mut marks).await {
+        let ran = run_peer(peer, python, &script, quick, &mut these, &mut marks).await;
+        let stolen = Stolen::since(&span, &marks);
+        let ok = match ran {
             Ok(()) => {
                 tracing::info!(
                     peer = peer.label,
                     seconds = format!("{:.1}", began.elapsed().as_secs_f64()),
-                    stolen = steal::pct(span.stolen_pct()),
+                    stolen = steal::pct(stolen.whole),
                     "peer done"
                 );
                 true
@@ -698,13 +698,11 @@ async fn run_peer_round(
                 missing.join(", ")
             );
         }
-        let phases = phase_steal(span.start(), &marks);
-        log_phases(peer.label, round, &phases);
+        stolen.log(peer.label, round);
         rounds.push(PeerRound {
             peer: peer.label,
             round,
-            stolen: span.stolen_pct(),
-            phases,
+            stolen,
             ok: ok && !these.is_empty(),
             records: these,
         });
@@ -714,83 +712,84 @@ async fn run_peer_round(
 /// A metric as it was logged, and the machine's CPU times then.
 type Mark = (String, Option<CpuTimes>);
 
-/// What was stolen while each metric was measured: from the figure logged
-/// before it (or the round's start) to its own, in percent.
-fn phase_steal(start: Option<CpuTimes>, marks: &[Mark]) -> Vec<(String, Option<f64>)> {
-    let mut before = start;
-    marks
-        .iter()
-        .map(|(metric, at)| {
-            let stolen = before.zip(*at).and_then(|(a, b)| a.stolen_pct_until(&b));
-            before = *at;
-            (metric.clone(), stolen)
-        })
-        .collect()
+/// What the hypervisor took, in percent of the machine's CPU time, over a
+/// round and while each of its metrics was measured.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Stolen {
+    whole: Option<f64>,
+    /// From the figure logged before each (or the round's start) to its own.
+    phases: Vec<(String, Option<f64>)>,
 }
 
-/// Logs what was stolen while each metric of a round was measured.
-fn log_phases(system: &str, round: u32, phases: &[(String, Option<f64>)]) {
-    let each: Vec<String> = phases
-        .iter()
-        .map(|(metric, stolen)| format!("{metric} {}", steal::pct(*stolen)))
-        .collect();
-    tracing::info!(system, round, "stolen while each ran: {}", each.join(", "));
+impl Stolen {
+    /// What was stolen since `span` began, and between the `marks` of its
+    /// figures.
+    fn since(span: &steal::Span, marks: &[Mark]) -> Stolen {
+        Stolen::between(span.start(), span.stolen_pct(), marks)
+    }
+
+    /// What was stolen between the `marks`, the first from `start`, in a
+    /// round that lost `whole`.
+    fn between(start: Option<CpuTimes>, whole: Option<f64>, marks: &[Mark]) -> Stolen {
+        let mut before = start;
+        let phases = marks
+            .iter()
+            .map(|(metric, at)| {
+                let stolen = before.zip(*at).and_then(|(a, b)| a.stolen_pct_until(&b));
+                before = *at;
+                (metric.clone(), stolen)
+            })
+            .collect();
+        Stolen { whole, phases }
+    }
+
+    /// What the round lost: the most stolen while any of its metrics ran,
+    /// or over the whole round.
+    fn worst(&self) -> Option<f64> {
+        self.phases
+            .iter()
+            .filter_map(|(_, s)| *s)
+            .chain(self.whole)
+            .max_by(f64::total_cmp)
+    }
+
+    /// What was stolen while `metric` was measured; the round's share
+    /// where the metric has no phase of its own or one too short to tell
+    /// (two figures logged together).
+    fn during(&self, metric: &str) -> Option<f64> {
+        self.phases
+            .iter()
+            .find(|(m, _)| m == metric)
+            .and_then(|(_, s)| *s)
+            .or(self.whole)
+    }
+
+    /// Logs what was stolen while each metric of a round was measured.
+    fn log(&self, system: &str, round: u32) {
+        let each: Vec<String> = self
+            .phases
+            .iter()
+            .map(|(metric, stolen)| format!("{metric} {}", steal::pct(*stolen)))
+            .collect();
+        tracing::info!(system, round, "stolen while each ran: {}", each.join(", "));
+    }
 }
 
 /// One round of this host's workloads.
 struct OurRound {
     round: u32,
     records: Vec<Record>,
-    /// Percent of the machine's CPU time the hypervisor took meanwhile.
-    stolen: Option<f64>,
-    /// The same while each metric was measured.
-    phases: Vec<(String, Option<f64>)>,
+    stolen: Stolen,
 }
 
 /// One round of a peer's workloads.
 struct PeerRound {
     peer: &'static str,
     round: u32,
-    stolen: Option<f64>,
-    phases: Vec<(String, Option<f64>)>,
+    stolen: Stolen,
     /// Its script ran to the end and reported figures.
     ok: bool,
     records: Vec<PeerRecord>,
-}
-
-/// What a round lost: the most stolen while any of its metrics ran, or
-/// over the whole round.
-fn worst(stolen: Option<f64>, phases: &[(String, Option<f64>)]) -> Option<f64> {
-    phases
-        .iter()
-        .filter_map(|(_, s)| *s)
-        .chain(stolen)
-        .max_by(f64::total_cmp)
-}
-
-/// What was stolen while `metric` was measured in a round; the round's
-/// share where the metric has no phase of its own or one too short to
-/// tell (two figures logged together).
-fn stolen_during(
-    stolen: Option<f64>,
-    phases: &[(String, Option<f64>)],
-    metric: &str,
-) -> Option<f64> {
-    phases
-        .iter()
-        .find(|(m, _)| m == metric)
-        .and_then(|(_, s)| *s)
-        .or(stolen)
-}
-
-impl OurRound {
-    fn worst(&self) -> Option<f64> {
-        worst(self.stolen, &self.phases)
-    }
-
-    fn stolen_during(&self, metric: &str) -> Option<f64> {
-        stolen_during(self.stolen, &self.phases, metric)
-    }
 }
 
 /// Whether at least `want` of these rounds ran (`Some`) with at most
@@ -810,30 +809,33 @@ fn peer_wants_more(rounds: &[PeerRound], peer: &Peer, want: u32, max_steal: f64)
     let stolen: Vec<Option<Option<f64>>> = rounds
         .iter()
         .filter(|r| r.peer == peer.label)
-        .map(|r| r.ok.then_some(worst(r.stolen, &r.phases)))
+        .map(|r| r.ok.then_some(r.stolen.worst()))
         .collect();
     stolen.iter().any(Option::is_some) && !enough_clean(&stolen, want, max_steal)
 }
 
-/// The `want` rounds with the least stolen, in the order they ran; a
-/// round whose stolen share cannot be told counts as none stolen.
-fn least_stolen(rounds: &[(u32, Option<f64>)], want: usize) -> Vec<u32> {
+/// The `want` rounds of `metric` with the least stolen while it ran, in
+/// the order they ran; a round whose stolen share cannot be told counts as
+/// none stolen. The rounds it leaves out go to `left_out`, for the log.
+fn least_stolen(
+    metric: &str,
+    rounds: &[(u32, Option<f64>)],
+    want: usize,
+    left_out: &mut Vec<String>,
+) -> Vec<u32> {
     let mut by_steal = rounds.to_vec();
     by_steal.sort_by(|a, b| a.1.unwrap_or(0.0).total_cmp(&b.1.unwrap_or(0.0)));
     let mut used: Vec<u32> = by_steal.iter().take(want).map(|r| r.0).collect();
     used.sort_unstable();
-    used
-}
-
-/// For the log: the rounds of `metric` that its figure leaves out, with
-/// what was stolen while it ran in each.
-fn rounds_left_out(metric: &str, ran: &[(u32, Option<f64>)], used: &[u32]) -> Option<String> {
-    let out: Vec<String> = ran
+    let out: Vec<String> = by_steal
         .iter()
-        .filter(|(round, _)| !used.contains(round))
+        .skip(want)
         .map(|(round, stolen)| format!("{round} ({})", steal::pct(*stolen)))
         .collect();
-    (!out.is_empty()).then(|| format!("{metric} without round {}", out.join(", ")))
+    if !out.is_empty() {
+        left_out.push(format!("{metric} without round {}", out.join(", ")));
+    }
+    used
 }
 
 /// Logs which rounds the figures of `system` left out.
@@ -858,10 +860,9 @@ fn least_stolen_peer_records(rounds: &[PeerRound], want: usize) -> Vec<PeerRecor
                 .iter()
                 .filter(|r| r.peer == peer.label && r.ok)
                 .filter(|r| r.records.iter().any(|rec| rec.metric == metric))
-                .map(|r| (r.round, stolen_during(r.stolen, &r.phases, metric)))
+                .map(|r| (r.round, r.stolen.during(metric)))
                 .collect();
-            let used = least_stolen(&ran, want);
-            left_out.extend(rounds_left_out(metric, &ran, &used));
+            let used = least_stolen(metric, &ran, want, &mut left_out);
             records.extend(
                 rounds
                     .iter()
@@ -1104,9 +1105,14 @@ mod tests {
     #[test]
     fn figures_come_from_the_least_stolen_rounds_in_the_order_they_ran() {
         let rounds = [(1, Some(30.0)), (2, Some(0.4)), (3, None), (4, Some(2.0))];
-        assert_eq!(least_stolen(&rounds, 3), vec![2, 3, 4]);
-        assert_eq!(least_stolen(&rounds, 9), vec![1, 2, 3, 4]);
-        assert_eq!(least_stolen(&[], 3), Vec::<u32>::new());
+        let mut left_out = Vec::new();
+        assert_eq!(least_stolen("m", &rounds, 3, &mut left_out), vec![2, 3, 4]);
+        assert_eq!(
+            least_stolen("m", &rounds, 9, &mut left_out),
+            vec![1, 2, 3, 4]
+        );
+        assert_eq!(least_stolen("m", &[], 3, &mut left_out), Vec::<u32>::new());
+        assert_eq!(left_out, vec!["m without round 1 (30.0 %)".to_string()]);
     }
 
     #[test]
@@ -1121,8 +1127,10 @@ mod tests {
         let round = |peer: &'static str, round, stolen, ok| PeerRound {
             peer,
             round,
-            stolen: Some(stolen),
-            phases: Vec::new(),
+            stolen: Stolen {
+                whole: Some(stolen),
+                phases: Vec::new(),
+            },
             ok,
             records: Vec::new(),
         };
@@ -1151,31 +1159,37 @@ mod tests {
             ("spawn_procs_16_ms".to_string(), ticks(60, 600)),
             ("cast_reduce_1024_us".to_string(), None),
         ];
-        let phases = phase_steal(start, &marks);
+        let whole = Some(10.0);
+        let stolen = Stolen::between(start, whole, &marks);
+        let phases = &stolen.phases;
         assert_eq!(phases[0], ("call_gather_8_us".to_string(), Some(0.0)));
         assert_eq!(phases[1], ("call_gather_16_us".to_string(), Some(30.0)));
         assert_eq!(phases[2].1, Some(0.0));
         // Logged with the one before it: no ticks of its own.
         assert_eq!(phases[3].1, None);
         assert_eq!(phases[4].1, None);
-        let whole = Some(10.0);
-        assert_eq!(worst(whole, &phases), Some(30.0));
-        assert_eq!(
-            stolen_during(whole, &phases, "call_gather_16_us"),
-            Some(30.0)
-        );
-        assert_eq!(stolen_during(whole, &phases, "call_gather_8_us"), Some(0.0));
+        assert_eq!(stolen.worst(), Some(30.0));
+        assert_eq!(stolen.during("call_gather_16_us"), Some(30.0));
+        assert_eq!(stolen.during("call_gather_8_us"), Some(0.0));
         // Too short to tell, or not a phase of this round: the round's share.
-        assert_eq!(stolen_during(whole, &phases, "spawn_procs_16_ms"), whole);
+        assert_eq!(stolen.during("spawn_procs_16_ms"), whole);
+        assert_eq!(stolen.during("broadcast_100_then_call_16_ms"), whole);
+        let mut left_out = Vec::new();
+        let ran = [(1, Some(30.0)), (2, None)];
         assert_eq!(
-            stolen_during(whole, &phases, "broadcast_100_then_call_16_ms"),
-            whole
+            least_stolen("call_gather_16_us", &ran, 1, &mut left_out),
+            vec![2]
         );
         assert_eq!(
-            rounds_left_out("call_gather_16_us", &[(1, Some(30.0)), (2, None)], &[2]),
-            Some("call_gather_16_us without round 1 (30.0 %)".to_string())
+            left_out,
+            vec!["call_gather_16_us without round 1 (30.0 %)".to_string()]
         );
-        assert_eq!(rounds_left_out("m", &[(1, Some(30.0))], &[1]), None);
+        left_out.clear();
+        assert_eq!(
+            least_stolen("m", &[(1, Some(30.0))], 1, &mut left_out),
+            vec![1]
+        );
+        assert!(left_out.is_empty());
     }
 
     /// CPU times with `stolen` of `total` ticks.

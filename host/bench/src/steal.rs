@@ -35,9 +35,7 @@ impl CpuTimes {
         let stolen = later.stolen.checked_sub(self.stolen)?;
         (total > 0).then(|| 100.0 * stolen as f64 / total as f64)
     }
-}
 
-impl CpuTimes {
     /// Times of `stolen` out of `total` ticks, for tests.
     #[cfg(test)]
     pub fn from_ticks(stolen: u64, total: u64) -> Option<CpuTimes> {
