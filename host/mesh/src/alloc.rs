@@ -297,6 +297,9 @@ struct ChildEntry {
 /// Procs as child processes of this one; see the module docs.
 pub struct LocalAllocator {
     command: BootstrapCommand,
+    /// What runs for `command.program`: a copy of it whose code the
+    /// kernel can map with 2 MiB pages ([`crate::exe`]), if one helps.
+    run: Option<PathBuf>,
     registry: Arc<Registry>,
     /// `unix` for sockets in a directory of this allocator, or `tcp:IP`.
     listen: String,
@@ -318,7 +321,10 @@ impl LocalAllocator {
             ALLOCATORS.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&socket_dir)?;
+        // The copy of the program procs run, made now if it is not yet.
+        let run = crate::exe::for_procs(&command.program);
         Ok(LocalAllocator {
+            run: (run != command.program).then_some(run),
             command,
             registry,
             listen: "unix".into(),
@@ -400,6 +406,7 @@ impl Allocator for LocalAllocator {
                 };
                 start_child(
                     self.command.clone(),
+                    self.run.clone(),
                     config,
                     here,
                     stopped.clone(),
@@ -548,8 +555,35 @@ impl Drop for ProcHere {
     }
 }
 
+/// Starts `program` with `command`'s arguments and the bootstrap `json`.
+fn spawn(
+    program: &Path,
+    command: &BootstrapCommand,
+    json: &str,
+) -> std::io::Result<tokio::process::Child> {
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(&command.args)
+        .env(BOOTSTRAP_ENV, json)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    // SAFETY: prctl is async-signal-safe; the closure allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            // AL-1: die with the parent even if it is killed outright.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn()
+}
+
 fn start_child(
     command: BootstrapCommand,
+    run: Option<PathBuf>,
     config: BootstrapConfig,
     here: ProcHere,
     stopped: mpsc::UnboundedSender<MeshEvent>,
@@ -561,26 +595,19 @@ fn start_child(
         let started = std::time::Instant::now();
         let fail = |what: String| AllocError(format!("proc {name}: {what}"));
         let json = serde_json::to_string(&config).map_err(|e| fail(e.to_string()))?;
-        let mut cmd = tokio::process::Command::new(&command.program);
-        cmd.args(&command.args)
-            .env(BOOTSTRAP_ENV, json)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true);
-        // SAFETY: prctl is async-signal-safe; the closure allocates nothing.
-        unsafe {
-            cmd.pre_exec(|| {
-                // AL-1: die with the parent even if it is killed outright.
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
+        let mut child = match &run {
+            Some(copy) => match spawn(copy, &command, &json) {
+                // The copy went, or another thread's child still held it
+                // open for writing when it was made: the program itself.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ETXTBSY)) => {
+                    tracing::debug!(copy = %copy.display(), "cannot start the copy of the program: {e}");
+                    spawn(&command.program, &command, &json)
                 }
-                Ok(())
-            });
+                spawned => spawned,
+            },
+            None => spawn(&command.program, &command, &json),
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| fail(format!("cannot start {}: {e}", command.program.display())))?;
+        .map_err(|e| fail(format!("cannot start {}: {e}", command.program.display())))?;
         let pid = child.id().unwrap_or(0);
         let stdin = child.stdin.take();
         let stdout = child

@@ -8,7 +8,8 @@
 //! - **procs** ([`agent`], [`alloc`]): every proc of a mesh runs a proc
 //!   agent (spawns and stops actors, keeps content-addressed blobs) and a
 //!   comm actor; allocators start procs in this process, as child processes,
-//!   or through remote agents;
+//!   or through remote agents; child procs run a copy of the binary the
+//!   kernel can map with 2 MiB pages where that helps ([`exe`]);
 //! - **supervision** ([`client`]): the controller's view of its procs, which
 //!   turns exits, signals and lost hosts into events; [`fault`] keeps the
 //!   kind, origin and backtrace of a failure across procs.
@@ -22,6 +23,7 @@ pub mod cast;
 pub mod cbor;
 pub mod client;
 pub mod comm;
+pub mod exe;
 pub mod fault;
 pub mod reduce;
 pub mod remote;

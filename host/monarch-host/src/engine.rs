@@ -486,13 +486,7 @@ pub fn start_epoch_ticker(engine: &Engine) {
 /// Where compiled components are kept: `$MONARCH_CACHE_DIR`, else
 /// `$XDG_CACHE_HOME/monarch-host`, else `~/.cache/monarch-host`.
 pub fn cache_dir() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("MONARCH_CACHE_DIR") {
-        return Some(PathBuf::from(dir));
-    }
-    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
-        return Some(PathBuf::from(dir).join("monarch-host"));
-    }
-    std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/monarch-host"))
+    hyperactor_mesh::exe::cache_dir()
 }
 
 /// Reads, checks and compiles the program at `path`, through the cache.

@@ -1,0 +1,347 @@
+//! The program child procs run: the binary that starts them, or a copy of
+//! it that the kernel can map with 2 MiB pages.
+//!
+//! A proc's turn on a crowded machine is short and comes after the turns
+//! of the other procs on its core, so the code it runs has left the TLB in
+//! between: over 16 procs on 2 cores, the misses cost about a quarter of a
+//! proc's CPU per message (docs/benchmarks.md, "Issue 19"). Linux maps a
+//! file's pages with one 2 MiB entry where the page cache holds them as
+//! one 2 MiB folio and the mapping is aligned to 2 MiB in the file and in
+//! memory. `monarch-host` and `monarch-bench` are linked with 2 MiB
+//! segment alignment (their `build.rs`); the page cache holds a file in
+//! 2 MiB folios when it was written in 2 MiB writes (ext4 and XFS on
+//! recent kernels), which a linker's output usually is not. So a binary
+//! whose code is aligned so starts its procs from a copy of itself written
+//! that way, kept in the cache directory under a name made of its size,
+//! its modification time and its inode, and shared by every proc that
+//! runs it, so that the code stays in the page cache once.
+//!
+//! Anything that fails on the way (a binary without the alignment, no
+//! cache directory, a full disk) leaves the original program; so does
+//! `MONARCH_HUGE_TEXT=0`.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// 2 MiB: the size of a huge page, and of each write of the copy.
+const HUGE: u64 = 2 << 20;
+
+/// Turns the copy off when set to `0`.
+pub const HUGE_TEXT_ENV: &str = "MONARCH_HUGE_TEXT";
+
+/// Where monarch-host keeps what it can make again (compiled components,
+/// copies of its binary): `$MONARCH_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/monarch-host`, else `~/.cache/monarch-host`.
+pub fn cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("MONARCH_CACHE_DIR") {
+        return Some(PathBuf::from(dir));
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(dir).join("monarch-host"));
+    }
+    std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/monarch-host"))
+}
+
+/// The program to start procs with instead of `program`: its copy in
+/// `cache_dir()/exe` where that helps (see the module docs), else
+/// `program` itself. Made once per program and process; a copy that has
+/// gone since is made again.
+pub fn for_procs(program: &Path) -> PathBuf {
+    if std::env::var_os(HUGE_TEXT_ENV).is_some_and(|v| v == "0") {
+        return program.to_path_buf();
+    }
+    let Some(dir) = cache_dir() else {
+        return program.to_path_buf();
+    };
+    static CHOSEN: Mutex<Option<HashMap<PathBuf, PathBuf>>> = Mutex::new(None);
+    let mut chosen = CHOSEN.lock().unwrap_or_else(|p| p.into_inner());
+    let chosen = chosen.get_or_insert_with(HashMap::new);
+    if let Some(path) = chosen.get(program)
+        && (path == program || path.exists())
+    {
+        return path.clone();
+    }
+    let path = match copy_for_huge_pages(program, &dir.join("exe")) {
+        Ok(Some(copy)) => copy,
+        Ok(None) => program.to_path_buf(),
+        Err(e) => {
+            tracing::debug!(program = %program.display(), "procs run the program itself, not a copy mapped with 2 MiB pages: {e}");
+            program.to_path_buf()
+        }
+    };
+    chosen.insert(program.to_path_buf(), path.clone());
+    path
+}
+
+/// A copy of `program` in `dir` written in 2 MiB writes, made now or
+/// earlier; `None` where a copy would not help: its code is not aligned to
+/// 2 MiB, or it is this process's own binary and its code is already
+/// mapped with 2 MiB pages.
+pub fn copy_for_huge_pages(program: &Path, dir: &Path) -> std::io::Result<Option<PathBuf>> {
+    let mut file = File::open(program)?;
+    if !code_aligned_to_huge_pages(&mut file)? {
+        return Ok(None);
+    }
+    if own_code_on_huge_pages(program) {
+        return Ok(None);
+    }
+    let meta = file.metadata()?;
+    let name = program
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "program".into());
+    let mtime = (meta.mtime() as i128) * 1_000_000_000 + meta.mtime_nsec() as i128;
+    let key = format!("{name}-{:x}-{mtime:x}-{:x}", meta.size(), meta.ino());
+    let dest = dir.join(&key);
+    if std::fs::metadata(&dest).is_ok_and(|m| m.len() == meta.size()) {
+        return Ok(Some(dest));
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let tmp = dir.join(format!(".{key}.{}.tmp", std::process::id()));
+    let written = write_in_huge_chunks(&mut file, &tmp, meta.size());
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o700))?;
+    std::fs::rename(&tmp, &dest)?;
+    forget_older_copies(dir, &name, &key);
+    Ok(Some(dest))
+}
+
+fn write_in_huge_chunks(from: &mut File, to: &Path, size: u64) -> std::io::Result<()> {
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(to)?;
+    let mut chunk = vec![0u8; HUGE as usize];
+    let mut copied = 0u64;
+    loop {
+        // Fill the whole chunk: each write starts at a multiple of 2 MiB
+        // and, but for the last, is 2 MiB long.
+        let mut filled = 0;
+        while filled < chunk.len() {
+            match from.read(&mut chunk[filled..])? {
+                0 => break,
+                n => filled += n,
+            }
+        }
+        if filled == 0 {
+            break;
+        }
+        out.write_all(&chunk[..filled])?;
+        copied += filled as u64;
+    }
+    if copied != size {
+        return Err(std::io::Error::other(format!(
+            "the program changed while it was copied ({copied} bytes of {size})"
+        )));
+    }
+    out.sync_all()
+}
+
+/// Removes copies of `name` other than `keep` that are more than a day
+/// old, so that rebuilds do not fill the cache; a proc already started
+/// from one keeps running (its file lives while it is mapped).
+fn forget_older_copies(dir: &Path, name: &str, keep: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let prefix = format!("{name}-");
+    for entry in entries.flatten() {
+        let file = entry.file_name();
+        let file = file.to_string_lossy();
+        if file == keep || !file.starts_with(&prefix) {
+            continue;
+        }
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age.as_secs() > 24 * 3600);
+        if old {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Whether the ELF file's executable segment is aligned to 2 MiB (its
+/// address and its offset in the file agree modulo 2 MiB) and spans at
+/// least one whole huge page.
+pub fn code_aligned_to_huge_pages(file: &mut File) -> std::io::Result<bool> {
+    let mut header = [0u8; 64];
+    if file.read(&mut header)? < header.len() || &header[..4] != b"\x7fELF" {
+        return Ok(false);
+    }
+    // 64-bit, little-endian.
+    if header[4] != 2 || header[5] != 1 {
+        return Ok(false);
+    }
+    let u16_at = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]) as usize;
+    let u64_at = |b: &[u8], at: usize| {
+        let mut v = [0u8; 8];
+        v.copy_from_slice(&b[at..at + 8]);
+        u64::from_le_bytes(v)
+    };
+    let phoff = u64_at(&header, 0x20);
+    let phentsize = u16_at(&header, 0x36);
+    let phnum = u16_at(&header, 0x38);
+    if phentsize < 56 || phnum == 0 || phnum > 256 {
+        return Ok(false);
+    }
+    let mut table = vec![0u8; phentsize * phnum];
+    use std::io::Seek;
+    file.seek(std::io::SeekFrom::Start(phoff))?;
+    file.read_exact(&mut table)?;
+    file.seek(std::io::SeekFrom::Start(0))?;
+    const PT_LOAD: u32 = 1;
+    const PF_X: u32 = 1;
+    Ok(table.chunks_exact(phentsize).any(|ph| {
+        let kind = u32::from_le_bytes([ph[0], ph[1], ph[2], ph[3]]);
+        let flags = u32::from_le_bytes([ph[4], ph[5], ph[6], ph[7]]);
+        let (offset, vaddr) = (u64_at(ph, 8), u64_at(ph, 16));
+        let (filesz, align) = (u64_at(ph, 32), u64_at(ph, 48));
+        kind == PT_LOAD
+            && flags & PF_X != 0
+            && align >= HUGE
+            && vaddr.wrapping_sub(offset) % HUGE == 0
+            && filesz >= 2 * HUGE
+    }))
+}
+
+/// Whether `program` is this process's binary and its code is already
+/// mapped with 2 MiB pages (its page cache holds 2 MiB folios).
+fn own_code_on_huge_pages(program: &Path) -> bool {
+    let Ok(me) = std::env::current_exe() else {
+        return false;
+    };
+    if me != program {
+        return false;
+    }
+    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
+        return false;
+    };
+    let me = me.to_string_lossy();
+    let mut in_code = false;
+    for line in smaps.lines() {
+        let mut fields = line.split_whitespace();
+        let first = fields.next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            let perms = fields.next().unwrap_or("");
+            in_code = perms.contains('x') && line.ends_with(me.as_ref());
+        } else if in_code && first == "FilePmdMapped:" {
+            return fields
+                .next()
+                .and_then(|kb| kb.parse::<u64>().ok())
+                .is_some_and(|kb| kb > 0);
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A minimal ELF64 header and one program header.
+    fn elf(align: u64, vaddr: u64, offset: u64, filesz: u64, flags: u32) -> Vec<u8> {
+        let mut b = vec![0u8; 64 + 56];
+        b[..4].copy_from_slice(b"\x7fELF");
+        b[4] = 2;
+        b[5] = 1;
+        b[0x20..0x28].copy_from_slice(&64u64.to_le_bytes());
+        b[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
+        b[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());
+        let ph = &mut b[64..];
+        ph[0..4].copy_from_slice(&1u32.to_le_bytes());
+        ph[4..8].copy_from_slice(&flags.to_le_bytes());
+        ph[8..16].copy_from_slice(&offset.to_le_bytes());
+        ph[16..24].copy_from_slice(&vaddr.to_le_bytes());
+        ph[32..40].copy_from_slice(&filesz.to_le_bytes());
+        ph[48..56].copy_from_slice(&align.to_le_bytes());
+        b
+    }
+
+    fn aligned(bytes: &[u8]) -> bool {
+        let dir = std::env::temp_dir().join(format!("exe-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!(
+            "elf-{:x}",
+            bytes.iter().map(|&b| b as u64).sum::<u64>()
+        ));
+        std::fs::write(&path, bytes).unwrap();
+        let result = code_aligned_to_huge_pages(&mut File::open(&path).unwrap()).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        result
+    }
+
+    #[test]
+    fn only_code_aligned_to_2_mib_counts() {
+        let mib = 1 << 20;
+        assert!(aligned(&elf(2 * mib, 0x832340, 0x632340, 27 * mib, 5)));
+        // The layout of a linker's default (4 KiB alignment).
+        assert!(!aligned(&elf(0x1000, 0x633480, 0x632480, 27 * mib, 5)));
+        // Aligned, but the address and the offset disagree modulo 2 MiB.
+        assert!(!aligned(&elf(2 * mib, 0x833480, 0x632480, 27 * mib, 5)));
+        // Not executable, or too small to hold a huge page.
+        assert!(!aligned(&elf(2 * mib, 0x832340, 0x632340, 27 * mib, 4)));
+        assert!(!aligned(&elf(2 * mib, 0x832340, 0x632340, mib, 5)));
+        assert!(!aligned(
+            b"#!/bin/sh\necho not an ELF file, but long enough to hold a header......"
+        ));
+    }
+
+    #[test]
+    fn the_copy_is_the_program_made_once_and_again_when_it_changes() {
+        let dir = std::env::temp_dir().join(format!("exe-copy-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let program = dir.join("prog");
+        // An aligned header followed by 5 MiB of varied bytes: the copy
+        // spans three writes, the last one short.
+        let mut bytes = elf(HUGE, 0x832340, 0x632340, 3 * HUGE, 5);
+        bytes.extend((0..5 * (1u32 << 20)).map(|i| (i % 251) as u8));
+        std::fs::write(&program, &bytes).unwrap();
+        let cache = dir.join("cache");
+
+        let copy = copy_for_huge_pages(&program, &cache)
+            .unwrap()
+            .expect("a copy");
+        assert_eq!(std::fs::read(&copy).unwrap(), bytes);
+        let mode = std::fs::metadata(&copy).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "the copy runs, for its owner only");
+        let again = copy_for_huge_pages(&program, &cache)
+            .unwrap()
+            .expect("a copy");
+        assert_eq!(again, copy, "the copy is made once");
+
+        // A rebuilt program (another size) gets a copy of its own.
+        bytes.extend_from_slice(b"rebuilt");
+        std::fs::write(&program, &bytes).unwrap();
+        let rebuilt = copy_for_huge_pages(&program, &cache)
+            .unwrap()
+            .expect("a copy");
+        assert_ne!(rebuilt, copy);
+        assert_eq!(std::fs::read(&rebuilt).unwrap(), bytes);
+        let names: Vec<_> = std::fs::read_dir(&cache)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "no temporary file is left: {names:?}");
+
+        // A program without the alignment is not copied.
+        let plain = dir.join("plain");
+        std::fs::write(&plain, elf(0x1000, 0x633480, 0x632480, 3 * HUGE, 5)).unwrap();
+        assert_eq!(copy_for_huge_pages(&plain, &cache).unwrap(), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
