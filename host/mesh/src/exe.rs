@@ -30,6 +30,9 @@ use std::sync::Mutex;
 /// 2 MiB: the size of a huge page, and of each write of the copy.
 const HUGE: u64 = 2 << 20;
 
+/// How long a copy of an earlier build is kept.
+const OLD_COPY: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// Turns the copy off when set to `0`.
 pub const HUGE_TEXT_ENV: &str = "MONARCH_HUGE_TEXT";
 
@@ -148,9 +151,12 @@ fn write_in_huge_chunks(from: &mut File, to: &Path, size: u64) -> std::io::Resul
     out.sync_all()
 }
 
-/// Removes copies of `name` other than `keep` that are more than a day
-/// old, so that rebuilds do not fill the cache; a proc already started
-/// from one keeps running (its file lives while it is mapped).
+/// Removes copies of `name` other than `keep` made more than 10 minutes
+/// ago, so that rebuilds (188 MB each for a release `monarch-host`) do not
+/// fill the disk. A proc already started from one keeps running (its file
+/// lives while it is mapped); a controller that starts more procs after
+/// its copy went starts them from its program ([`for_procs`] makes the
+/// copy again, the spawn falls back on `ENOENT`).
 fn forget_older_copies(dir: &Path, name: &str, keep: &str) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
@@ -167,7 +173,7 @@ fn forget_older_copies(dir: &Path, name: &str, keep: &str) {
             .and_then(|m| m.modified())
             .ok()
             .and_then(|t| t.elapsed().ok())
-            .is_some_and(|age| age.as_secs() > 24 * 3600);
+            .is_some_and(|age| age > OLD_COPY);
         if old {
             let _ = std::fs::remove_file(entry.path());
         }
