@@ -591,7 +591,7 @@ fn tail(text: &str) -> String {
 fn find_host(given: Option<&Path>) -> anyhow::Result<PathBuf> {
     let host = match given {
         Some(path) => path.to_path_buf(),
-        None => std::env::current_exe()
+        None => hyperactor_mesh::exe::current_exe()
             .ok()
             .and_then(|exe| Some(exe.parent()?.join("monarch-host")))
             .filter(|path| path.is_file())

@@ -489,6 +489,11 @@ const DEFAULT_BUSY_POLL_US: u64 = 50;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.suite, Suite::Bootstrap | Suite::TensorBootstrap) {
+        // The controller's code on 2 MiB pages, as `monarch-host run`'s
+        // (docs/mesh.md); procs start from the copy anyway.
+        hyperactor_mesh::exe::run_from_copy();
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

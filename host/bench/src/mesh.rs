@@ -155,7 +155,9 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
     guest::check_program(&args.program)?;
     let proc_program = match args.proc_program.clone() {
         Some(path) => path,
-        None => std::env::current_exe().context("cannot find this binary to start procs")?,
+        None => {
+            hyperactor_mesh::exe::current_exe().context("cannot find this binary to start procs")?
+        }
     };
     anyhow::ensure!(
         proc_program.exists(),

@@ -152,7 +152,9 @@ pub fn main(args: ServeArgs) -> anyhow::Result<()> {
     let programs = load_programs(&args.programs)?;
     let proc_program = match &args.proc_program {
         Some(path) => path.clone(),
-        None => std::env::current_exe().context("cannot find this binary to start procs")?,
+        None => {
+            hyperactor_mesh::exe::current_exe().context("cannot find this binary to start procs")?
+        }
     };
     anyhow::ensure!(
         proc_program.exists(),

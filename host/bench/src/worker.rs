@@ -42,7 +42,8 @@ impl Worker {
     /// Starts this binary with `args` and waits for its `READY` line.
     /// `what` names the worker in errors.
     pub async fn start(what: &str, args: &[String]) -> anyhow::Result<Worker> {
-        let exe = std::env::current_exe().context("cannot find this binary to start a worker")?;
+        let exe = hyperactor_mesh::exe::current_exe()
+            .context("cannot find this binary to start a worker")?;
         let mut child = Command::new(&exe)
             .args(args)
             .stdin(Stdio::piped())

@@ -282,7 +282,7 @@ impl BootstrapCommand {
     /// This binary with `args`.
     pub fn current_exe(args: &[&str]) -> std::io::Result<Self> {
         Ok(BootstrapCommand {
-            program: std::env::current_exe()?,
+            program: crate::exe::current_exe()?,
             args: args.iter().map(|a| a.to_string()).collect(),
         })
     }

@@ -14,7 +14,9 @@
 //! whose code is aligned so starts its procs from a copy of itself written
 //! that way, kept in the cache directory under a name made of its size,
 //! its modification time and its inode, and shared by every proc that
-//! runs it, so that the code stays in the page cache once.
+//! runs it, so that the code stays in the page cache once; `monarch-host
+//! run` and `serve` and `monarch-bench` start themselves again from it
+//! ([`run_from_copy`]).
 //!
 //! Anything that fails on the way (a binary without the alignment, no
 //! cache directory, a full disk) leaves the original program; so does
@@ -24,8 +26,9 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 /// 2 MiB: the size of a huge page, and of each write of the copy.
 const HUGE: u64 = 2 << 20;
@@ -35,6 +38,80 @@ const OLD_COPY: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Turns the copy off when set to `0`.
 pub const HUGE_TEXT_ENV: &str = "MONARCH_HUGE_TEXT";
+
+/// Names, in the environment of a process that [`run_from_copy`] started
+/// again, the program it was started as.
+const STARTED_AS_ENV: &str = "MONARCH_HUGE_TEXT_STARTED_AS";
+
+/// The program this process was started as, where [`run_from_copy`]
+/// moved it onto the copy.
+static STARTED_AS: OnceLock<PathBuf> = OnceLock::new();
+
+/// Starts this process again from the copy of its binary that
+/// [`for_procs`] gives, where that is not the binary itself, so that its
+/// own code too is mapped with 2 MiB pages: a controller's turn in a
+/// gather over 16 procs on 2 cores comes between the procs' turns as
+/// theirs do, and a 16-proc gather took 12 % less with the controller
+/// run from the copy (docs/benchmarks.md, "Issue 19"). The process keeps
+/// its id, arguments, environment and open files (`execve`).
+///
+/// Call it first thing in `main`, before any other thread starts. It
+/// returns without starting anything where the copy would not help or
+/// cannot be made (see the module docs), where `execve` fails, and in the
+/// process it started, which it tells by a variable in the environment
+/// that it then removes; [`current_exe`] still names the program the
+/// process was started as.
+pub fn run_from_copy() {
+    if let Some(program) = std::env::var_os(STARTED_AS_ENV) {
+        // SAFETY: the caller calls this before any other thread starts.
+        unsafe { std::env::remove_var(STARTED_AS_ENV) };
+        let program = PathBuf::from(program);
+        name_as(&program);
+        let _ = STARTED_AS.set(program);
+        return;
+    }
+    let Ok(program) = std::env::current_exe() else {
+        return;
+    };
+    let copy = for_procs(&program);
+    if copy == program {
+        return;
+    }
+    let mut args = std::env::args_os();
+    let arg0 = args
+        .next()
+        .unwrap_or_else(|| program.clone().into_os_string());
+    // Returns only if it failed: this process goes on as it is.
+    let _failed = std::process::Command::new(&copy)
+        .arg0(arg0)
+        .args(args)
+        .env(STARTED_AS_ENV, &program)
+        .exec();
+}
+
+/// Gives this thread (the main one: `ps` and `top` show its name for the
+/// process) the name of `program` rather than its copy's.
+fn name_as(program: &Path) {
+    let Some(name) = program.file_name() else {
+        return;
+    };
+    let mut name: Vec<u8> = name.as_encoded_bytes().iter().take(15).copied().collect();
+    name.push(0);
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16
+    // bytes, which `name` is.
+    unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
+}
+
+/// The program this process was started as: `std::env::current_exe()`,
+/// or, after [`run_from_copy`], the binary it was started as rather than
+/// the copy (which a later build may remove). Procs started later and
+/// binaries copied to other hosts use it.
+pub fn current_exe() -> std::io::Result<PathBuf> {
+    match STARTED_AS.get() {
+        Some(program) => Ok(program.clone()),
+        None => std::env::current_exe(),
+    }
+}
 
 /// Where monarch-host keeps what it can make again (compiled components,
 /// copies of its binary): `$MONARCH_CACHE_DIR`, else
@@ -225,7 +302,9 @@ pub fn code_aligned_to_huge_pages(file: &mut File) -> std::io::Result<bool> {
 }
 
 /// Whether `program` is this process's binary and its code is already
-/// mapped with 2 MiB pages (its page cache holds 2 MiB folios).
+/// mapped with 2 MiB pages (its page cache holds 2 MiB folios), nearly all
+/// of it: a linker's output can come to hold some 2 MiB folios too, but
+/// not all.
 fn own_code_on_huge_pages(program: &Path) -> bool {
     let Ok(me) = std::env::current_exe() else {
         return false;
@@ -236,22 +315,33 @@ fn own_code_on_huge_pages(program: &Path) -> bool {
     let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
         return false;
     };
-    let me = me.to_string_lossy();
+    code_mostly_pmd_mapped(&smaps, &me.to_string_lossy())
+}
+
+/// Whether, in `smaps` (as `/proc/self/smaps` gives it), the executable
+/// mappings of `path` are at least nine tenths mapped with 2 MiB pages.
+fn code_mostly_pmd_mapped(smaps: &str, path: &str) -> bool {
+    let (mut code_kb, mut pmd_kb) = (0u64, 0u64);
     let mut in_code = false;
+    let kb = |fields: &mut std::str::SplitWhitespace| {
+        fields
+            .next()
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     for line in smaps.lines() {
         let mut fields = line.split_whitespace();
         let first = fields.next().unwrap_or("");
         if first.contains('-') && !first.ends_with(':') {
             let perms = fields.next().unwrap_or("");
-            in_code = perms.contains('x') && line.ends_with(me.as_ref());
+            in_code = perms.contains('x') && line.ends_with(path);
+        } else if in_code && first == "Size:" {
+            code_kb += kb(&mut fields);
         } else if in_code && first == "FilePmdMapped:" {
-            return fields
-                .next()
-                .and_then(|kb| kb.parse::<u64>().ok())
-                .is_some_and(|kb| kb > 0);
+            pmd_kb += kb(&mut fields);
         }
     }
-    false
+    code_kb > 0 && pmd_kb * 10 >= code_kb * 9
 }
 
 #[cfg(test)]
@@ -288,6 +378,30 @@ mod tests {
         let result = code_aligned_to_huge_pages(&mut File::open(&path).unwrap()).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         result
+    }
+
+    #[test]
+    fn own_code_counts_as_on_huge_pages_when_nearly_all_of_it_is() {
+        let smaps = |pmd_kb: u64| {
+            format!(
+                "55d000000000-55d001a00000 r--p 00000000 fd:00 12 /bin/prog\n\
+                 Size:              26624 kB\n\
+                 FilePmdMapped:         0 kB\n\
+                 55d001a00000-55d003600000 r-xp 01a00000 fd:00 12 /bin/prog\n\
+                 Size:              28672 kB\n\
+                 Rss:               20000 kB\n\
+                 FilePmdMapped:     {pmd_kb} kB\n\
+                 7f0000000000-7f0000200000 r-xp 00000000 fd:00 13 /lib/libc.so.6\n\
+                 Size:               2048 kB\n\
+                 FilePmdMapped:      2048 kB\n"
+            )
+        };
+        assert!(code_mostly_pmd_mapped(&smaps(28672), "/bin/prog"));
+        assert!(code_mostly_pmd_mapped(&smaps(26624), "/bin/prog"));
+        // A linker's output with some 2 MiB folios: the copy still helps.
+        assert!(!code_mostly_pmd_mapped(&smaps(16384), "/bin/prog"));
+        assert!(!code_mostly_pmd_mapped(&smaps(0), "/bin/prog"));
+        assert!(!code_mostly_pmd_mapped(&smaps(28672), "/bin/other"));
     }
 
     #[test]

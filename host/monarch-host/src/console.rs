@@ -197,7 +197,7 @@ async fn embedded_server() -> Result<(crate::serve::Server, String), String> {
         .join("console")
         .join(std::process::id().to_string());
     std::fs::create_dir_all(&data).map_err(|e| format!("{}: {e}", data.display()))?;
-    let bootstrap = std::env::current_exe()
+    let bootstrap = hyperactor_mesh::exe::current_exe()
         .map_err(|e| format!("cannot find this program to start procs: {e}"))?;
     let config = crate::serve::ServeConfig::new(
         std::net::SocketAddr::from(([127, 0, 0, 1], 0)),

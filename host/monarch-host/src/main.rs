@@ -323,6 +323,10 @@ struct AgentArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Run(_) | Command::Serve(_)) {
+        // The controller's code on 2 MiB pages, as its procs' (docs/mesh.md).
+        hyperactor_mesh::exe::run_from_copy();
+    }
     let RunArgs {
         app,
         procs,
@@ -437,7 +441,7 @@ fn main() -> ExitCode {
     } else if in_process {
         Placement::InProcess
     } else {
-        match std::env::current_exe() {
+        match hyperactor_mesh::exe::current_exe() {
             Ok(program) => Placement::Local { program },
             Err(e) => {
                 eprintln!("monarch-host: error: cannot find this binary to start procs: {e}");
@@ -769,7 +773,7 @@ fn ssh_placement(
         Some(path) => read_token(&path)?,
         None => monarch_cluster::new_token().map_err(|e| e.to_string())?,
     };
-    let binary = std::env::current_exe()
+    let binary = hyperactor_mesh::exe::current_exe()
         .map_err(|e| format!("cannot find this binary to copy to the hosts: {e}"))?;
     let mut options =
         monarch_cluster::ssh::SshOptions::from_env(binary).map_err(|e| e.to_string())?;

@@ -252,7 +252,7 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         Ok(token) => token,
         Err(e) => return failed("serve", e),
     };
-    let bootstrap = match std::env::current_exe() {
+    let bootstrap = match hyperactor_mesh::exe::current_exe() {
         Ok(path) => path,
         Err(e) => {
             return failed(

@@ -217,7 +217,7 @@ impl SpecArgs {
     fn binary(&self) -> Result<PathBuf, String> {
         let binary = match &self.binary {
             Some(binary) => binary.clone(),
-            None => std::env::current_exe()
+            None => hyperactor_mesh::exe::current_exe()
                 .map_err(|e| format!("cannot find this binary for the nodes: {e}"))?,
         };
         absolute(&binary)

@@ -163,7 +163,7 @@ pub fn command(args: TestArgs) -> ExitCode {
         Ok(app) => app,
         Err(e) => return bad_input(e),
     };
-    let placement = match std::env::current_exe() {
+    let placement = match hyperactor_mesh::exe::current_exe() {
         Ok(program) => Placement::Local { program },
         Err(e) => return bad_input(format!("cannot find this binary to start procs: {e}")),
     };
