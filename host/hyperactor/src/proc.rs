@@ -1503,12 +1503,13 @@ fn control_frame(
     body: &[u8],
     sink: &Sink,
     session: &mut Option<PeerSession>,
+    read_at: std::time::Instant,
 ) -> Result<bool, FrameError> {
     match header.kind {
         FrameKind::Ack => {
             // A connection only read here carries none.
             if let Sink::Link(link, _) = sink {
-                link.acked(header.seq);
+                link.acked(header.seq, read_at);
             }
             Ok(true)
         }
@@ -1547,6 +1548,13 @@ async fn serve_frames(
     let mut progress = Progress::default();
     let mut acked = 0u64;
     let mut ack_deadline: Option<tokio::time::Instant> = None;
+    // One timer for the connection's life, armed at the earliest deadline
+    // and moved on when it fires early: a timer made for each wait would
+    // be set and cancelled for every message that a reply then carries
+    // the acknowledgement of.
+    let ack_timer = tokio::time::sleep(Duration::from_secs(3600));
+    tokio::pin!(ack_timer);
+    let mut ack_armed: Option<tokio::time::Instant> = None;
     let mut pace = Pace::new(config.busy_poll, SPIN_MAX);
     // PR-11: data frames read while an actor's queue is past its window,
     // held (unacknowledged) until it drains, in order, up to the window.
@@ -1557,6 +1565,9 @@ async fn serve_frames(
     // window, such as replies sent by handlers): they go to the actor past
     // its window, as a stalled queue's do.
     let mut overflow = false;
+    // When the reader last filled: the clock is read once a fill, for the
+    // pace, the acknowledgements it brought and the deadline of ours.
+    let mut read_at = std::time::Instant::now();
     loop {
         let mut full: Option<Arc<Backlog>> = None;
         progress.resent = false;
@@ -1582,7 +1593,8 @@ async fn serve_frames(
                     break;
                 };
                 if header.kind != FrameKind::Data {
-                    if !control_frame(&proc, header, reader.body(body), sink, session)? {
+                    let body = reader.body(body);
+                    if !control_frame(&proc, header, body, sink, session, read_at)? {
                         return Ok(());
                     }
                     continue;
@@ -1619,7 +1631,8 @@ async fn serve_frames(
                 }
             }
             if ack_deadline.is_none() && progress.delivered > acked {
-                ack_deadline = Some(tokio::time::Instant::now() + config.ack_interval);
+                let from = tokio::time::Instant::from_std(read_at);
+                ack_deadline = Some(from + config.ack_interval);
             }
             if full.is_some() {
                 proc.0.stats.paused_reads.fetch_add(1, Ordering::Relaxed);
@@ -1673,7 +1686,14 @@ async fn serve_frames(
                                 frame.extend_from_slice(bytes);
                                 held_bytes += frame.len();
                                 held.push_back((header.seq, frame));
-                            } else if !control_frame(&proc, header, bytes, sink, session)? {
+                            } else if !control_frame(
+                                &proc,
+                                header,
+                                bytes,
+                                sink,
+                                session,
+                                std::time::Instant::now(),
+                            )? {
                                 return Ok(());
                             }
                         }
@@ -1706,8 +1726,14 @@ async fn serve_frames(
         } else {
             Duration::ZERO
         };
-        let started = std::time::Instant::now();
-        if !spin.is_zero() {
+        // The pace learns how long a wait took only where it polls.
+        let polls = !spin.is_zero();
+        let started = if polls {
+            std::time::Instant::now()
+        } else {
+            read_at
+        };
+        if polls {
             let polling = pace.polling(spin);
             let mut filled;
             let mut yielded = started;
@@ -1716,6 +1742,7 @@ async fn serve_frames(
                 filled = reader.fill_now(rd)?;
                 let now = std::time::Instant::now();
                 if filled.is_some() || now - started >= spin {
+                    read_at = now;
                     break;
                 }
                 if now - yielded >= SPIN_SLICE {
@@ -1730,7 +1757,7 @@ async fn serve_frames(
             pace.polled(polling);
             match filled {
                 Some(true) => {
-                    pace.came(started.elapsed());
+                    pace.came(read_at - started);
                     continue;
                 }
                 Some(false) => {
@@ -1742,6 +1769,12 @@ async fn serve_frames(
                 None => {}
             }
         }
+        if let Some(deadline) = ack_deadline
+            && ack_armed.is_none_or(|at| at > deadline)
+        {
+            ack_timer.as_mut().reset(deadline);
+            ack_armed = Some(deadline);
+        }
         tokio::select! {
             biased;
             filled = reader.fill(rd) => {
@@ -1751,9 +1784,20 @@ async fn serve_frames(
                     }
                     return Ok(());
                 }
-                pace.came(started.elapsed());
+                read_at = std::time::Instant::now();
+                if polls {
+                    pace.came(read_at - started);
+                }
             }
-            _ = sleep_until_some(ack_deadline) => {
+            _ = ack_timer.as_mut(), if ack_armed.is_some() => {
+                ack_armed = None;
+                match ack_deadline {
+                    // Acknowledged meanwhile, or due later: armed again
+                    // before the next wait.
+                    None => continue,
+                    Some(deadline) if deadline > tokio::time::Instant::now() => continue,
+                    Some(_) => {}
+                }
                 let carried = match sink {
                     Sink::Link(link, generation) => link.piggybacked(*generation),
                     _ => 0,
@@ -1776,13 +1820,6 @@ async fn serve_frames(
 
 async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|down| *down).await;
-}
-
-async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
-    }
 }
 
 #[cfg(test)]
@@ -2119,6 +2156,36 @@ mod tests {
             alone(&a),
             alone(&b)
         );
+    }
+
+    /// LK-10: an acknowledgement that no data frame carries goes alone at
+    /// its deadline, also after calls whose replies carried the earlier
+    /// ones (the connection's one timer, moved on as the deadlines move).
+    #[tokio::test]
+    async fn lk10_an_acknowledgement_nothing_carries_goes_alone_at_its_deadline() {
+        let config = ProcConfig {
+            ack_interval: Duration::from_millis(30),
+            ..quick()
+        };
+        let (a, b, _, echo_b, client_a, _) = pair_with("lk10-alone", config).await;
+        for round in 0..20u32 {
+            let payload = round.to_le_bytes().to_vec();
+            let ping = |reply| Echo {
+                payload: payload.clone(),
+                reply,
+            };
+            assert_eq!(echo_b.call(&client_a, ping).await.unwrap(), payload);
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+        // The last reply waits for its acknowledgement, which nothing
+        // carries: a writes it alone 30 ms after the reply came.
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while b.unacked_bytes() > 0 && std::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(b.unacked_bytes(), 0, "the last reply was acknowledged");
+        let alone = a.stats().acks_alone.load(Ordering::Relaxed);
+        assert!(alone >= 1, "a wrote its acknowledgement alone: {alone}");
     }
 
     /// LK-9: a proc that answers the proc that called it does so on the

@@ -812,15 +812,16 @@ fn take_leaf(state: &Mutex<CommState>, mailbox: &Mailbox, cast: Cast) -> Option<
     {
         return Some(cast);
     }
+    let now = Instant::now();
     {
-        let state = tidy(state, Instant::now());
+        let state = tidy(state, now);
         let key: Key = (cast.origin.clone(), cast.seq);
         if state.sent.contains_key(&key) || state.pending.contains_key(&key) {
             // Asked again (CA-3): the handler answers.
             return Some(cast);
         }
     }
-    let calls = deliver_leaf(mailbox, cast);
+    let calls = deliver_leaf(mailbox, cast, now);
     if !calls.is_empty() {
         state.lock().track(calls);
     }
@@ -867,8 +868,9 @@ fn rank_result(
 /// Delivers a leaf cast whose parent is the caster: each local actor's
 /// reply is folded by the task that delivers it, and the last one sends
 /// the subtree's result (CA-6). Returns the calls, for the comm actor to
-/// end those still unanswered at the cast's timeout.
-fn deliver_leaf(sender: &Mailbox, cast: Cast) -> Vec<Expiring> {
+/// end those still unanswered at the cast's timeout, which counts from
+/// `now`.
+fn deliver_leaf(sender: &Mailbox, cast: Cast, now: Instant) -> Vec<Expiring> {
     let mode = cast.mode;
     let fold = mode.fold();
     let ranks = cast.tree.ranks.into_iter().next().unwrap_or_default();
@@ -908,7 +910,7 @@ fn deliver_leaf(sender: &Mailbox, cast: Cast) -> Vec<Expiring> {
         return Vec::new();
     }
     let timeout = Duration::from_millis(cast.timeout_ms);
-    let deadline = Instant::now() + timeout;
+    let deadline = now + timeout;
     let proc = sender.proc().id().clone();
     // One count per rank, plus one for this loop, so that exactly one of
     // them (the last to finish) sends the result.

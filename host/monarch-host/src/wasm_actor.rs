@@ -107,6 +107,7 @@ async fn race<T>(
     deadline: Option<Duration>,
     interrupt: &Interrupt,
     paused: &PauseClock,
+    started: std::time::Instant,
 ) -> Ended<T> {
     // A stop that lands while the guest runs makes the epoch callback end
     // the export with an error: that is the stop, not a trap of the guest.
@@ -115,7 +116,7 @@ async fn race<T>(
         Err(_) if interrupt.is_raised() => Ended::Stopped,
         Err(trap) => Ended::Trapped(trap),
     };
-    let started = tokio::time::Instant::now();
+    let started = tokio::time::Instant::from_std(started);
     let held_before = paused.paused();
     let mut export = std::pin::pin!(export);
     // Most exports return at their first poll: then neither the timer nor
@@ -237,7 +238,15 @@ impl Actor for WasmActor {
             self.rank,
             &self.extent,
         );
-        let created = match race(create, self.handler_timeout, &self.interrupt, &self.paused).await
+        let now = std::time::Instant::now();
+        let created = match race(
+            create,
+            self.handler_timeout,
+            &self.interrupt,
+            &self.paused,
+            now,
+        )
+        .await
         {
             Ended::Returned(created) => created,
             Ended::Trapped(trap) => {
@@ -286,13 +295,15 @@ impl Handler<MeshCall> for WasmActor {
         if let Some(debugger) = &self.debugger {
             debugger.begin_export(store);
         }
-        let in_endpoint = store.data().probe.as_ref().map(|p| p.enter(&call.endpoint));
+        // One reading of the clock: the deadline and the stacks probe.
+        let started = std::time::Instant::now();
+        let in_endpoint = (store.data().probe.as_ref()).map(|p| p.enter(&call.endpoint, started));
         let handle = program.monarch_host_actor_class().call_handle(
             &mut *store,
             &call.endpoint,
             &call.message,
         );
-        let ended = race(handle, deadline, &self.interrupt, &self.paused).await;
+        let ended = race(handle, deadline, &self.interrupt, &self.paused, started).await;
         drop(in_endpoint);
         // A pause the handler opened ends with it.
         store.data_mut().debug.close();
@@ -415,6 +426,7 @@ impl WasmActor {
                 self.handler_timeout,
                 &self.interrupt,
                 &self.paused,
+                std::time::Instant::now(),
             )
             .await;
             if self.debugger.is_some() {
@@ -798,7 +810,7 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
                 let placement = match in_process {
                     true => Placement::InProcess,
                     false => Placement::Local {
-                        program: std::env::current_exe()
+                        program: hyperactor_mesh::exe::current_exe()
                             .map_err(|e| format!("cannot find this binary to start procs: {e}"))?,
                     },
                 };

@@ -319,6 +319,9 @@ impl<T: Send + 'static> Link<T> {
         let seq = st.next_seq;
         st.next_seq += 1;
         set_seq(frame.as_mut_slice(), seq);
+        // One reading of the clock serves the frame's record, the burst
+        // test and the write.
+        let now = Instant::now();
         let cost = frame.capacity() + FRAME_OVERHEAD;
         let frame = Arc::new(frame);
         if st.conn.is_some() {
@@ -336,7 +339,7 @@ impl<T: Send + 'static> Link<T> {
         st.unacked.push_back(Pending {
             seq,
             frame,
-            sent: Instant::now(),
+            sent: now,
             cost,
             ret,
         });
@@ -358,7 +361,7 @@ impl<T: Send + 'static> Link<T> {
             // Whoever is writing, or about to, takes this frame too.
             return Ok(());
         }
-        if CORKED.get() || st.last_write.elapsed() < BURST_WINDOW {
+        if CORKED.get() || now.saturating_duration_since(st.last_write) < BURST_WINDOW {
             // Part of a burst (or corked by the sender): let the link's task
             // write what piles up meanwhile in one system call.
             st.flush_scheduled = true;
@@ -366,7 +369,7 @@ impl<T: Send + 'static> Link<T> {
             self.wake.notify_one();
             return Ok(());
         }
-        self.flush(st);
+        self.flush_at(st, now);
         Ok(())
     }
 
@@ -419,7 +422,12 @@ impl<T: Send + 'static> Link<T> {
     }
 
     /// Writes `out` unless someone else is already writing (LK-4).
-    fn flush(&self, mut st: MutexGuard<'_, LinkState<T>>) {
+    fn flush(&self, st: MutexGuard<'_, LinkState<T>>) {
+        self.flush_at(st, Instant::now());
+    }
+
+    /// [`Link::flush`], the clock read at `now`.
+    fn flush_at(&self, mut st: MutexGuard<'_, LinkState<T>>, now: Instant) {
         if st.flushing || st.waiting_writable || st.out.is_empty() {
             return;
         }
@@ -429,7 +437,7 @@ impl<T: Send + 'static> Link<T> {
         let generation = st.generation;
         st.flushing = true;
         st.flush_scheduled = false;
-        st.last_write = Instant::now();
+        st.last_write = now;
         let mut queue = std::mem::take(&mut st.out);
         let mut pos = std::mem::take(&mut st.out_pos);
         drop(st);
@@ -558,15 +566,16 @@ impl<T: Send + 'static> Link<T> {
         }
     }
 
-    /// The peer acknowledged every frame up to `seq`.
-    pub(crate) fn acked(&self, seq: u64) {
+    /// The peer acknowledged every frame up to `seq`, in a frame read at
+    /// `read_at`.
+    pub(crate) fn acked(&self, seq: u64, read_at: Instant) {
         let mut st = self.state.lock();
         while st.unacked.front().is_some_and(|p| p.seq <= seq) {
             if let Some(acked) = st.unacked.pop_front() {
                 st.unacked_bytes -= acked.cost;
             }
         }
-        st.last_ack = Instant::now();
+        st.last_ack = st.last_ack.max(read_at);
         if st.unacked_bytes < self.config.window_bytes {
             self.opened(&mut st);
         }
@@ -805,7 +814,10 @@ impl<T: Send + 'static> Link<T> {
     async fn tend(&self, generation: u64) -> Served {
         let check_every = (self.config.delivery_timeout / 4)
             .clamp(Duration::from_millis(10), Duration::from_secs(1));
-        let mut next_check = tokio::time::Instant::now() + check_every;
+        // One timer for the link's life, moved on as it fires: a timer made
+        // for each wake-up would be set and cancelled for every burst.
+        let check = tokio::time::sleep(check_every);
+        tokio::pin!(check);
         loop {
             let wake = self.wake.notified();
             tokio::pin!(wake);
@@ -845,8 +857,8 @@ impl<T: Send + 'static> Link<T> {
                         self.flush(st);
                     }
                 }
-                _ = tokio::time::sleep_until(next_check) => {
-                    next_check = tokio::time::Instant::now() + check_every;
+                _ = check.as_mut() => {
+                    check.as_mut().reset(tokio::time::Instant::now() + check_every);
                     let st = self.state.lock();
                     let timeout = self.config.delivery_timeout;
                     let stalled = st
@@ -964,7 +976,7 @@ mod tests {
                 loop {
                     while let Ok(Some((header, _))) = reader.next_frame() {
                         if header.kind == FrameKind::Ack {
-                            link.acked(header.seq);
+                            link.acked(header.seq, Instant::now());
                         }
                     }
                     match reader.fill(&mut rd).await {

@@ -174,10 +174,10 @@ impl Probe {
     }
 
     /// Marks the instance as handling `endpoint` until the guard drops.
-    pub(crate) fn enter(self: &Arc<Self>, endpoint: &str) -> InEndpoint {
+    pub(crate) fn enter(self: &Arc<Self>, endpoint: &str, since: Instant) -> InEndpoint {
         *lock(&self.busy) = Some(Busy {
             endpoint: endpoint.into(),
-            since: Instant::now(),
+            since,
         });
         InEndpoint(self.clone())
     }
