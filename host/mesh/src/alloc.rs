@@ -597,9 +597,16 @@ fn start_child(
         let json = serde_json::to_string(&config).map_err(|e| fail(e.to_string()))?;
         let mut child = match &run {
             Some(copy) => match spawn(copy, &command, &json) {
-                // The copy went, or another thread's child still held it
-                // open for writing when it was made: the program itself.
-                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ETXTBSY)) => {
+                // The copy went, another thread's child still held it
+                // open for writing when it was made, or the cache
+                // directory's file system does not run programs (`noexec`):
+                // the program itself.
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::ENOENT | libc::ETXTBSY | libc::EACCES | libc::EPERM)
+                    ) =>
+                {
                     tracing::debug!(copy = %copy.display(), "cannot start the copy of the program: {e}");
                     spawn(&command.program, &command, &json)
                 }
