@@ -1727,13 +1727,8 @@ async fn serve_frames(
             Duration::ZERO
         };
         // The pace learns how long a wait took only where it polls.
-        let polls = !spin.is_zero();
-        let started = if polls {
-            std::time::Instant::now()
-        } else {
-            read_at
-        };
-        if polls {
+        let started = (!spin.is_zero()).then(std::time::Instant::now);
+        if let Some(started) = started {
             let polling = pace.polling(spin);
             let mut filled;
             let mut yielded = started;
@@ -1785,7 +1780,7 @@ async fn serve_frames(
                     return Ok(());
                 }
                 read_at = std::time::Instant::now();
-                if polls {
+                if let Some(started) = started {
                     pace.came(read_at - started);
                 }
             }

@@ -51,7 +51,7 @@ static STARTED_AS: OnceLock<PathBuf> = OnceLock::new();
 /// [`for_procs`] gives, where that is not the binary itself, so that its
 /// own code too is mapped with 2 MiB pages: a controller's turn in a
 /// gather over 16 procs on 2 cores comes between the procs' turns as
-/// theirs do, and a 16-proc gather took 12 % less with the controller
+/// theirs do, and the controller's CPU a 16-proc gather was 13 % lower
 /// run from the copy (docs/benchmarks.md, "Issue 19"). The process keeps
 /// its id, arguments, environment and open files (`execve`).
 ///

@@ -238,13 +238,12 @@ impl Actor for WasmActor {
             self.rank,
             &self.extent,
         );
-        let now = std::time::Instant::now();
         let created = match race(
             create,
             self.handler_timeout,
             &self.interrupt,
             &self.paused,
-            now,
+            std::time::Instant::now(),
         )
         .await
         {
