@@ -175,7 +175,7 @@ pub fn sample_stream(from: &str, token: Option<&str>, messages: &[&str]) -> Vec<
             sender: sender.clone(),
             dest: dest.port_id(7),
             return_port: Some(sender.port_id(9)),
-            message_type: "alloc::string::String".into(),
+            message_type: crate::mailbox::TypeName::Static("alloc::string::String"),
             body: Body::Message { offset: 0, len },
         };
         let Ok(mut buf) = encode_envelope(&envelope, buf) else {

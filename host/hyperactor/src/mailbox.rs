@@ -719,6 +719,17 @@ impl<M: RemoteMessage> PortRef<M> {
     pub fn send(&self, sender: &Mailbox, message: M) {
         sender.post(&self.id, message);
     }
+
+    /// Sends a copy of `message` to the port from `sender`: to another
+    /// process it is archived straight from `message`, so that a sender
+    /// of many similar messages (a cast to each child of a tree) can keep
+    /// one value and change it between sends instead of building each.
+    pub fn send_ref(&self, sender: &Mailbox, message: &M)
+    where
+        M: Clone,
+    {
+        sender.proc.post_ref(&sender.entry.id, &self.id, message);
+    }
 }
 
 impl<M> Clone for PortRef<M> {

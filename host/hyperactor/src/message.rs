@@ -19,8 +19,13 @@ use rkyv::rancor;
 use rkyv::ser::allocator::ArenaHandle;
 use rkyv::util::AlignedVec;
 
+use rkyv::string::{ArchivedString, StringResolver};
+use rkyv::with::{ArchiveWith, DeserializeWith, SerializeWith};
+use rkyv::{Place, rancor::Fallible, ser::Writer};
+
 use crate::failure::{DeliveryFailure, Undeliverable};
 use crate::id::{ActorId, PortId};
+use crate::mailbox::TypeName;
 
 /// A value that can be sent to an actor in the same proc or another one.
 ///
@@ -104,10 +109,40 @@ pub(crate) struct Envelope {
     pub(crate) dest: PortId,
     /// The port waiting for a reply to this message, to fail if it is not delivered.
     pub(crate) return_port: Option<PortId>,
-    /// The Rust type of the message, for error messages.
-    pub(crate) message_type: String,
+    /// The Rust type of the message, for error messages: archived as a
+    /// string, sent from the sender's static name without a copy.
+    #[rkyv(with = AsName)]
+    pub(crate) message_type: TypeName,
     /// The message or failure.
     pub(crate) body: Body,
+}
+
+/// Archives a [`TypeName`] as the string it names (the same bytes as a
+/// `String`), straight from the name a sender holds; decoding shares it.
+pub(crate) struct AsName;
+
+impl ArchiveWith<TypeName> for AsName {
+    type Archived = ArchivedString;
+    type Resolver = StringResolver;
+
+    fn resolve_with(field: &TypeName, resolver: StringResolver, out: Place<ArchivedString>) {
+        ArchivedString::resolve_from_str(field, resolver, out);
+    }
+}
+
+impl<S: Fallible + Writer + ?Sized> SerializeWith<TypeName, S> for AsName
+where
+    S::Error: rancor::Source,
+{
+    fn serialize_with(field: &TypeName, serializer: &mut S) -> Result<StringResolver, S::Error> {
+        ArchivedString::serialize_from_str(field, serializer)
+    }
+}
+
+impl<D: Fallible + ?Sized> DeserializeWith<ArchivedString, TypeName, D> for AsName {
+    fn deserialize_with(field: &ArchivedString, _: &mut D) -> Result<TypeName, D::Error> {
+        Ok(TypeName::Shared(field.as_str().into()))
+    }
 }
 
 /// Archives an envelope at the end of `buf`.

@@ -738,6 +738,29 @@ impl Proc {
         self.post_now(sender, dest, message, return_port);
     }
 
+    /// [`Proc::post`] of a copy of `message`, with no reply port: archived
+    /// straight from `message` when it goes to another process (see
+    /// [`crate::PortRef::send_ref`]); cloned where the value itself is
+    /// handed over (this process) or held (impairments, simulation).
+    pub(crate) fn post_ref<M: RemoteMessage + Clone>(
+        &self,
+        sender: &ActorId,
+        dest: &PortId,
+        message: &M,
+    ) {
+        if self.0.crashed.load(Ordering::Relaxed) {
+            return;
+        }
+        if self.0.impairments.active()
+            || Simulation::active()
+            || self.in_process(dest.actor_id()).is_some()
+        {
+            return self.post(sender, dest, message.clone(), None);
+        }
+        let _span = tracing::trace_span!("send", from = %sender, to = %dest).entered();
+        self.post_remote(sender, dest, message, None);
+    }
+
     /// [`Proc::post`] past the impairments.
     fn post_now<M: RemoteMessage>(
         &self,
@@ -747,8 +770,8 @@ impl Proc {
         return_port: Option<PortId>,
     ) {
         let _span = tracing::trace_span!("send", from = %sender, to = %dest).entered();
-        let meta = meta_for::<M>(sender, dest, return_port);
         if let Some(proc) = self.in_process(dest.actor_id()) {
+            let meta = meta_for::<M>(sender, dest, return_port);
             if proc.0.crashed.load(Ordering::Relaxed) && !proc.0.id.same(&self.0.id) {
                 let failure = DeliveryFailure::Unreachable {
                     addr: proc.0.id.addr().to_string(),
@@ -761,6 +784,19 @@ impl Proc {
             proc.deliver_local(Payload::Local(Box::new(message)), meta);
             return;
         }
+        self.post_remote(sender, dest, &message, return_port);
+    }
+
+    /// Archives `message` into a frame for the proc of `dest`, in another
+    /// process, and hands it to the link there.
+    fn post_remote<M: RemoteMessage>(
+        &self,
+        sender: &ActorId,
+        dest: &PortId,
+        message: &M,
+        return_port: Option<PortId>,
+    ) {
+        let meta = meta_for::<M>(sender, dest, return_port);
         // The message is archived straight into the frame, the envelope after it.
         let frame = scratch_frame();
         let encoded = message
@@ -786,7 +822,7 @@ impl Proc {
             sender: sender.clone(),
             dest: dest.clone(),
             return_port: meta.return_port.clone(),
-            message_type: meta.message_type.to_string(),
+            message_type: meta.message_type.clone(),
             body: Body::Message { offset: 0, len },
         };
         self.send_remote(frame, &envelope, Some(meta));
@@ -840,7 +876,7 @@ impl Proc {
             sender: from.actor_id().clone(),
             dest: to.clone(),
             return_port: None,
-            message_type: String::new(),
+            message_type: TypeName::Static(""),
             body,
         };
         self.send_remote(frame_buffer(256), &envelope, None);
@@ -2395,6 +2431,43 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_message_sent_by_reference_arrives_whole_and_the_sender_keeps_it() {
+        let dir = std::env::temp_dir();
+        let sock = |n: &str| -> ChannelAddr {
+            format!("unix:{}/sref-{}-{n}.sock", dir.display(), new_session_id())
+                .parse()
+                .unwrap()
+        };
+        let near = Proc::serve_with_config("near", sock("a"), quick())
+            .await
+            .unwrap();
+        // Over a socket (archived from the sender's value) and within the
+        // proc (a copy handed over), the receiver gets the same value.
+        let far = Proc::serve_with_config("far", sock("b"), quick())
+            .await
+            .unwrap();
+        let (sender, _) = near.attach("sender").unwrap();
+        for receiving in [&far, &near] {
+            let (receiver, _) = receiving.attach("receiver").unwrap();
+            let mut port = receiver.open_port::<(u64, Vec<String>)>();
+            let port_ref = port.bind();
+            let mut message = (0u64, vec!["first".to_string()]);
+            for n in 1..=3u64 {
+                message.0 = n;
+                message.1.push(format!("name {n}"));
+                port_ref.send_ref(&sender, &message);
+            }
+            assert_eq!(message.1.len(), 4, "the sender keeps its value");
+            for n in 1..=3u64 {
+                let (got, names) = port.recv().await.unwrap();
+                assert_eq!(got, n);
+                assert_eq!(names.len(), n as usize + 1);
+                assert_eq!(names.last().unwrap(), &format!("name {n}"));
+            }
+        }
+    }
+
+    #[tokio::test]
     async fn pr6_a_proc_with_a_token_refuses_procs_without_it() {
         let dir = std::env::temp_dir();
         let sock = |n: &str| -> ChannelAddr {
@@ -2665,7 +2738,7 @@ mod tests {
                     sender: sender.clone(),
                     dest: echo.actor_id().port_id(handler_port::<Numbered>()),
                     return_port: None,
-                    message_type: "Numbered".into(),
+                    message_type: TypeName::Static("Numbered"),
                     body: Body::Message { offset: 0, len },
                 };
                 let mut frame = encode_envelope(&envelope, frame).unwrap();

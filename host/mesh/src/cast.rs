@@ -236,7 +236,7 @@ impl Caster {
             fanout: self.fanout,
             waiting: Vec::new(),
             local_left: 0,
-            partial: Partial::new(mode.fold()),
+            partial: Partial::with_capacity(mode.fold(), total),
             deadline: Instant::now() + timeout + ROOT_GRACE,
             trace: self.traced().then(NodeTrace::root),
         };

@@ -49,8 +49,8 @@ use tokio::time::Instant;
 
 use hyperactor::message::handler_port;
 use hyperactor::{
-    Actor, Context, DeliveryFailure, Exports, Handler, Mailbox, OncePortRef, PendingCall, PortId,
-    PortRef, ProcId, RemoteMessage,
+    Actor, ActorId, Context, DeliveryFailure, Exports, Handler, Mailbox, OncePortRef, PendingCall,
+    PortId, PortRef, ProcId, RemoteMessage,
 };
 use parking_lot::{Mutex, MutexGuard};
 use rkyv::Place;
@@ -124,7 +124,7 @@ pub struct Subtree {
 }
 
 /// A cast on its way down the tree.
-#[derive(Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+#[derive(Debug, Clone, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub struct Cast {
     /// The caster's reply port; with `seq` it names the cast.
     pub origin: PortId,
@@ -306,6 +306,9 @@ impl Node {
     ) -> Vec<(u32, RankError)> {
         let mut failed = Vec::new();
         let mut queue: VecDeque<(usize, usize)> = chunks.into();
+        // One cast for every child, its subtree changed between sends: the
+        // names and the message are not copied once per child.
+        let mut cast: Option<Cast> = None;
         while let Some((lo, hi)) = queue.pop_front() {
             if !self.has_ranks(lo, hi) {
                 continue;
@@ -322,27 +325,31 @@ impl Node {
                 continue;
             };
             self.waiting.push((lo, hi));
-            port.send(
-                sender,
-                Cast {
-                    origin: self.origin.clone(),
-                    seq: self.seq,
-                    mesh: self.mesh.clone(),
-                    tree: Subtree {
-                        start: self.tree.start + lo as u32,
-                        procs: self.tree.procs[lo..hi].to_vec(),
-                        ranks: self.tree.ranks[lo..hi].to_vec(),
-                    },
-                    endpoint: self.endpoint.clone(),
-                    message: self.message.clone(),
-                    mode: self.mode,
-                    parent: me.clone(),
-                    timeout_ms: self.timeout_ms,
-                    handler_timeout_ms: self.handler_timeout_ms,
-                    fanout: self.fanout,
-                    trace: self.trace.as_ref().map(NodeTrace::child_parent),
+            let cast = cast.get_or_insert_with(|| Cast {
+                origin: self.origin.clone(),
+                seq: self.seq,
+                mesh: self.mesh.clone(),
+                tree: Subtree {
+                    start: 0,
+                    procs: Vec::new(),
+                    ranks: Vec::new(),
                 },
-            );
+                endpoint: self.endpoint.clone(),
+                message: self.message.clone(),
+                mode: self.mode,
+                parent: me.clone(),
+                timeout_ms: self.timeout_ms,
+                handler_timeout_ms: self.handler_timeout_ms,
+                fanout: self.fanout,
+                trace: None,
+            });
+            cast.tree.start = self.tree.start + lo as u32;
+            cast.tree.procs.clear();
+            cast.tree.procs.extend_from_slice(&self.tree.procs[lo..hi]);
+            // Reuses the rank lists' buffers of the child before.
+            self.tree.ranks[lo..hi].clone_into(&mut cast.tree.ranks);
+            cast.trace = self.trace.as_ref().map(NodeTrace::child_parent);
+            port.send_ref(sender, cast);
         }
         failed
     }
@@ -463,6 +470,8 @@ struct CommState {
     calls: std::collections::BinaryHeap<Expiring>,
     /// When `calls` is next cleared of the calls already answered.
     compact_at: usize,
+    /// The ids of the actors leaf casts went to lately.
+    actors: RecentActors,
 }
 
 /// A leaf delivery's call to a local actor and when it times out (CA-6).
@@ -501,8 +510,8 @@ const GRACE: Duration = Duration::from_secs(2);
 
 impl CommState {
     /// Keeps leaf calls until they are answered or time out (CA-6).
-    fn track(&mut self, calls: Vec<Expiring>) {
-        self.calls.extend(calls);
+    fn track(&mut self, call: Expiring) {
+        self.calls.push(call);
         if self.calls.len() > self.compact_at.max(CALLS_COMPACT_MIN) {
             self.calls.retain(|e| e.call.waiting());
             self.compact_at = self.calls.len() * 2;
@@ -821,10 +830,7 @@ fn take_leaf(state: &Mutex<CommState>, mailbox: &Mailbox, cast: Cast) -> Option<
             return Some(cast);
         }
     }
-    let calls = deliver_leaf(mailbox, cast, now);
-    if !calls.is_empty() {
-        state.lock().track(calls);
-    }
+    deliver_leaf(state, mailbox, cast, now);
     None
 }
 
@@ -866,148 +872,182 @@ fn rank_result(
 }
 
 /// Delivers a leaf cast whose parent is the caster: each local actor's
-/// reply is folded by the task that delivers it, and the last one sends
-/// the subtree's result (CA-6). Returns the calls, for the comm actor to
-/// end those still unanswered at the cast's timeout, which counts from
-/// `now`.
-fn deliver_leaf(sender: &Mailbox, cast: Cast, now: Instant) -> Vec<Expiring> {
-    let mode = cast.mode;
+/// reply is folded by the function its call ends with, and the last one
+/// sends the subtree's result (CA-6). The calls go to `state`, for the
+/// comm actor to end those still unanswered at the cast's timeout, which
+/// counts from `now`.
+fn deliver_leaf(state: &Mutex<CommState>, sender: &Mailbox, cast: Cast, now: Instant) {
+    let Cast {
+        origin,
+        seq,
+        mesh,
+        tree,
+        endpoint,
+        message,
+        mode,
+        parent,
+        timeout_ms,
+        handler_timeout_ms,
+        trace,
+        ..
+    } = cast;
     let fold = mode.fold();
-    let ranks = cast.tree.ranks.into_iter().next().unwrap_or_default();
-    let (start, seq) = (cast.tree.start, cast.seq);
-    let origin: PortRef<CastReply> = PortRef::attest(cast.origin.clone());
-    let traced = cast.trace.is_some();
-    let trace = cast.trace.map(NodeTrace::under);
+    let ranks = tree.ranks.into_iter().next().unwrap_or_default();
+    let traced = trace.is_some();
+    let trace = trace.map(NodeTrace::under);
     let hop = trace.as_ref().map(|_| {
         let mut attrs = vec![("proc".to_string(), sender.proc().id().to_string())];
         attrs.push(("ranks".into(), ranks.len().to_string()));
         attrs
     });
-    let subtree = move |leaf: Leaf| {
-        let error = leaf.partial.error.is_some();
-        let spans = match (leaf.trace, hop.clone()) {
-            (Some(trace), Some(attrs)) => trace.close("hop".into(), attrs, &fold_name(mode), error),
-            _ => Vec::new(),
-        };
-        CastReply::Subtree {
-            origin: cast.origin.clone(),
-            seq,
-            start,
-            end: start + 1,
-            partial: leaf.partial,
-            spans,
-        }
-    };
-    if ranks.is_empty() {
-        if mode != CastMode::Broadcast {
-            let leaf = Leaf {
-                left: 0,
-                partial: Partial::new(fold),
-                trace,
-            };
-            cast.parent.send(sender, subtree(leaf));
-        }
-        return Vec::new();
-    }
-    let timeout = Duration::from_millis(cast.timeout_ms);
-    let deadline = now + timeout;
-    let proc = sender.proc().id().clone();
     // One count per rank, plus one for this loop, so that exactly one of
     // them (the last to finish) sends the result.
-    let shared = Arc::new(Mutex::new(Leaf {
-        left: ranks.len() + 1,
-        partial: Partial::new(fold),
-        trace,
-    }));
-    let subtree = Arc::new(subtree);
-    let mut calls = Vec::with_capacity(ranks.len());
-    // The last rank takes the decoded buffer itself; only a proc with
-    // several ranks copies it for the others.
+    let call = LeafCall {
+        origin,
+        parent,
+        seq,
+        start: tree.start,
+        mode,
+        hop,
+        leaf: Mutex::new(Leaf {
+            left: ranks.len() + 1,
+            partial: Partial::new(fold),
+            trace,
+        }),
+    };
+    if ranks.is_empty() {
+        call.count_down(sender, |_| {});
+        return;
+    }
+    let call = Arc::new(call);
+    let timeout = Duration::from_millis(timeout_ms);
+    let deadline = now + timeout;
+    let proc = sender.proc().id();
+    // The last rank takes the decoded buffer and the endpoint themselves;
+    // only a proc with several ranks copies them for the others.
     let last = ranks.len() - 1;
-    let mut message = Some(cast.message);
+    let mut message = Some(message);
+    let mut endpoint = Some(endpoint);
     for (at, rank) in ranks.into_iter().enumerate() {
-        let actor = match proc.actor_id(&cast.mesh, rank) {
+        let actor = state.lock().actors.get(proc, &mesh, rank);
+        let actor = match actor {
             Ok(actor) => actor,
             Err(e) => {
-                let mut guard = shared.lock();
-                guard.left -= 1;
-                guard.partial.add(
-                    fold,
-                    rank,
-                    Err(RankError::Invalid(format!("bad mesh name: {e}"))),
-                );
+                let error = Err(RankError::Invalid(format!("bad mesh name: {e}")));
+                call.count_down(sender, |leaf| leaf.partial.add(fold, rank, error));
                 continue;
             }
         };
         let dest = actor.port_id(handler_port::<MeshCall>());
-        let body = if at == last {
-            message.take().map(unshare).unwrap_or_default()
+        let (body, endpoint) = if at == last {
+            (
+                message.take().map(unshare).unwrap_or_default(),
+                endpoint.take().unwrap_or_default(),
+            )
         } else {
-            message.as_deref().cloned().unwrap_or_default()
+            (
+                message.as_deref().cloned().unwrap_or_default(),
+                endpoint.clone().unwrap_or_default(),
+            )
         };
-        let endpoint = cast.endpoint.clone();
-        let traced = traced.then(|| (crate::trace::now_ns(), endpoint.clone(), cast.mesh.clone()));
-        let (shared, mailbox, parent, origin, subtree) = (
-            shared.clone(),
-            sender.clone(),
-            cast.parent.clone(),
-            origin.clone(),
-            subtree.clone(),
-        );
+        let traced = traced.then(|| (crate::trace::now_ns(), endpoint.clone(), mesh.clone()));
+        let (shared, mailbox) = (call.clone(), sender.clone());
         let then = move |reply| {
             let result = rank_result(reply);
-            if mode == CastMode::Stream || (mode == CastMode::Broadcast && result.is_err()) {
-                let item = CastReply::Item {
-                    seq,
-                    rank,
-                    result: result.clone(),
-                };
-                origin.send(&mailbox, item);
-            }
-            let done = {
-                let mut guard = shared.lock();
-                guard.left -= 1;
-                if let (Some((start_ns, endpoint, mesh)), Some(trace)) = (traced, &mut guard.trace)
-                {
-                    took_handler(trace, &endpoint, &mesh, rank, start_ns, &result);
-                }
-                guard.partial.add(fold, rank, result);
-                (guard.left == 0).then(|| guard.take(fold))
-            };
-            if let Some(leaf) = done
-                && mode != CastMode::Broadcast
-            {
-                parent.send(&mailbox, subtree(leaf));
-            }
+            shared.took(&mailbox, rank, result, traced);
         };
-        let call = sender.start_call_then(
+        let pending = sender.start_call_then(
             &dest,
             |reply| MeshCall {
                 endpoint,
                 message: body,
                 broadcast: mode == CastMode::Broadcast,
-                handler_timeout_ms: cast.handler_timeout_ms,
+                handler_timeout_ms,
                 reply,
             },
             then,
         );
-        calls.push(Expiring {
+        state.lock().track(Expiring {
             at: deadline,
             timeout,
-            call,
+            call: pending,
         });
     }
-    let done = {
-        let mut guard = shared.lock();
-        guard.left -= 1;
-        (guard.left == 0).then(|| guard.take(fold))
-    };
-    if let Some(leaf) = done
-        && mode != CastMode::Broadcast
-    {
-        cast.parent.send(sender, subtree(leaf));
+    call.count_down(sender, |_| {});
+}
+
+/// A leaf delivery (CA-6), shared by the calls to its ranks.
+struct LeafCall {
+    /// The caster's reply port, where a stream's items go.
+    origin: PortId,
+    parent: PortRef<CastReply>,
+    seq: u64,
+    /// The leaf's position among the caster's procs.
+    start: u32,
+    mode: CastMode,
+    /// The attributes of the hop span, when the cast is traced.
+    hop: Option<Vec<(String, String)>>,
+    leaf: Mutex<Leaf>,
+}
+
+impl LeafCall {
+    /// Takes one rank's reply: a stream's item (or a broadcast's error)
+    /// goes to the caster at once, and the fold takes it.
+    fn took(
+        &self,
+        mailbox: &Mailbox,
+        rank: u32,
+        result: Result<Vec<u8>, RankError>,
+        traced: Option<(u64, String, String)>,
+    ) {
+        let mode = self.mode;
+        if mode == CastMode::Stream || (mode == CastMode::Broadcast && result.is_err()) {
+            let item = CastReply::Item {
+                seq: self.seq,
+                rank,
+                result: result.clone(),
+            };
+            PortRef::<CastReply>::attest(self.origin.clone()).send(mailbox, item);
+        }
+        self.count_down(mailbox, |leaf| {
+            if let (Some((start_ns, endpoint, mesh)), Some(trace)) = (traced, &mut leaf.trace) {
+                took_handler(trace, &endpoint, &mesh, rank, start_ns, &result);
+            }
+            leaf.partial.add(mode.fold(), rank, result);
+        });
     }
-    calls
+
+    /// Counts one delivery (or the loop that starts them) done, after
+    /// `took` has had the leaf; the last sends the subtree's result to the
+    /// parent, except for a broadcast's (CA-5).
+    fn count_down(&self, mailbox: &Mailbox, took: impl FnOnce(&mut Leaf)) {
+        let done = {
+            let mut guard = self.leaf.lock();
+            guard.left -= 1;
+            took(&mut guard);
+            (guard.left == 0).then(|| guard.take(self.mode.fold()))
+        };
+        let Some(leaf) = done else { return };
+        if self.mode == CastMode::Broadcast {
+            return;
+        }
+        let error = leaf.partial.error.is_some();
+        let spans = match (leaf.trace, self.hop.clone()) {
+            (Some(trace), Some(attrs)) => {
+                trace.close("hop".into(), attrs, &fold_name(self.mode), error)
+            }
+            _ => Vec::new(),
+        };
+        let reply = CastReply::Subtree {
+            origin: self.origin.clone(),
+            seq: self.seq,
+            start: self.start,
+            end: self.start + 1,
+            partial: leaf.partial,
+            spans,
+        };
+        self.parent.send(mailbox, reply);
+    }
 }
 
 /// What a leaf delivery has so far: the deliveries still out (and one for
@@ -1025,6 +1065,34 @@ impl Leaf {
             partial: std::mem::replace(&mut self.partial, Partial::new(fold)),
             trace: self.trace.take(),
         }
+    }
+}
+
+/// The ids of the actors a proc's leaf casts went to lately: casts come
+/// to the same few again and again, and making an id allocates twice.
+#[derive(Default)]
+struct RecentActors {
+    ids: [Option<ActorId>; RECENT_ACTORS],
+    next: usize,
+}
+
+const RECENT_ACTORS: usize = 8;
+
+impl RecentActors {
+    /// The id of actor `mesh[rank]` on `proc`.
+    fn get(&mut self, proc: &ProcId, mesh: &str, rank: u32) -> Result<ActorId, String> {
+        let known = self
+            .ids
+            .iter()
+            .flatten()
+            .find(|id| id.rank() == rank && id.name() == mesh && id.proc_id() == proc);
+        if let Some(id) = known {
+            return Ok(id.clone());
+        }
+        let id = proc.actor_id(mesh, rank).map_err(|e| e.to_string())?;
+        self.ids[self.next] = Some(id.clone());
+        self.next = (self.next + 1) % RECENT_ACTORS;
+        Ok(id)
     }
 }
 
@@ -1189,7 +1257,7 @@ mod tests {
         // Answered calls, more than are kept before the answered are
         // cleared out: what is kept stays bounded.
         for n in 0..(CALLS_COMPACT_MIN as u64 * 3) {
-            state.track(vec![call(n, now + Duration::from_secs(60))]);
+            state.track(call(n, now + Duration::from_secs(60)));
             let (m, reply) = requests.recv().await.unwrap();
             reply.send(&server, Ok(m.to_le_bytes().to_vec()));
             let (answered, result) = got.recv().await.unwrap();
@@ -1201,7 +1269,7 @@ mod tests {
             state.calls.len()
         );
         // One nobody answers: not yet due, then due and ended with Timeout.
-        state.track(vec![call(999, now + Duration::from_millis(100))]);
+        state.track(call(999, now + Duration::from_millis(100)));
         assert!(state.expired(now).is_empty());
         let due = state.expired(now + Duration::from_millis(100));
         assert_eq!(due.len(), 1);

@@ -265,6 +265,16 @@ impl Partial {
         }
     }
 
+    /// An empty partial for `fold` with room for `ranks` replies, when it
+    /// gathers them.
+    pub fn with_capacity(fold: Fold, ranks: usize) -> Partial {
+        let mut partial = Partial::new(fold);
+        if let Values::Gathered(values) = &mut partial.values {
+            values.reserve_exact(ranks);
+        }
+        partial
+    }
+
     /// Folds in one rank's reply (RD-1).
     pub fn add(&mut self, fold: Fold, rank: u32, reply: Result<Vec<u8>, RankError>) {
         let bytes = match reply {

@@ -64,7 +64,7 @@ use rkyv::util::AlignedVec;
 use tokio::sync::Notify;
 
 use super::ChannelAddr;
-use super::frame::{FrameKind, set_seq, small_frame};
+use super::frame::{FrameKind, HEADER_LEN, set_seq, small_frame, write_header};
 use super::transport::{self, ReadHalf, WriteHalf};
 
 const MIN_BACKOFF: Duration = Duration::from_millis(5);
@@ -234,6 +234,32 @@ struct LinkState<T> {
     /// The highest acknowledgement written with data frames on the current
     /// connection (LK-10).
     piggybacked: u64,
+    /// The buffer of the last piggybacked acknowledgement, written again
+    /// for the next one once nothing else holds it.
+    ack_buf: Option<Arc<AlignedVec>>,
+}
+
+impl<T> LinkState<T> {
+    /// An acknowledgement frame for `seq`, in the buffer of the last one
+    /// when that has been written (a reply carries one each time).
+    fn ack_frame(&mut self, seq: u64) -> Arc<AlignedVec> {
+        fn fill(buf: &mut AlignedVec, seq: u64) {
+            buf.clear();
+            buf.resize(HEADER_LEN, 0);
+            write_header(buf.as_mut_slice(), FrameKind::Ack, 0, seq);
+        }
+        let mut ack = self.ack_buf.take().unwrap_or_default();
+        match Arc::get_mut(&mut ack) {
+            Some(buf) => fill(buf, seq),
+            None => {
+                let mut buf = AlignedVec::with_capacity(HEADER_LEN);
+                fill(&mut buf, seq);
+                ack = Arc::new(buf);
+            }
+        }
+        self.ack_buf = Some(ack.clone());
+        ack
+    }
 }
 
 /// The sending side of a channel to one address.
@@ -295,6 +321,7 @@ impl<T: Send + 'static> Link<T> {
                 last_ack: Instant::now(),
                 offered_ack: 0,
                 piggybacked: 0,
+                ack_buf: None,
             }),
             wake: Notify::new(),
             room: Notify::new(),
@@ -329,9 +356,8 @@ impl<T: Send + 'static> Link<T> {
                 // LK-10: the reader's acknowledgement goes out with this frame.
                 let seq = st.offered_ack;
                 st.piggybacked = seq;
-                let mut ack = AlignedVec::with_capacity(16);
-                ack.extend_from_slice(&small_frame(FrameKind::Ack, seq, &[]));
-                st.out.push_back(Arc::new(ack));
+                let ack = st.ack_frame(seq);
+                st.out.push_back(ack);
                 self.stats.acks_piggybacked.fetch_add(1, Ordering::Relaxed);
             }
             st.out.push_back(frame.clone());
@@ -503,6 +529,8 @@ impl<T: Send + 'static> Link<T> {
             pos = 0;
             if st.out.is_empty() {
                 st.flushing = false;
+                // The emptied queue keeps its buffer for the next frames.
+                st.out = queue;
                 return;
             }
             std::mem::swap(&mut queue, &mut st.out);
