@@ -13,15 +13,15 @@
 
 use std::any::type_name;
 
+use rkyv::Place;
 use rkyv::api::high::{HighDeserializer, HighSerializer, HighValidator};
 use rkyv::bytecheck::CheckBytes;
-use rkyv::rancor;
+use rkyv::rancor::{self, Fallible};
+use rkyv::ser::Writer;
 use rkyv::ser::allocator::ArenaHandle;
-use rkyv::util::AlignedVec;
-
 use rkyv::string::{ArchivedString, StringResolver};
+use rkyv::util::AlignedVec;
 use rkyv::with::{ArchiveWith, DeserializeWith, SerializeWith};
-use rkyv::{Place, rancor::Fallible, ser::Writer};
 
 use crate::failure::{DeliveryFailure, Undeliverable};
 use crate::id::{ActorId, PortId};

@@ -2432,18 +2432,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_message_sent_by_reference_arrives_whole_and_the_sender_keeps_it() {
-        let dir = std::env::temp_dir();
-        let sock = |n: &str| -> ChannelAddr {
-            format!("unix:{}/sref-{}-{n}.sock", dir.display(), new_session_id())
-                .parse()
-                .unwrap()
-        };
-        let near = Proc::serve_with_config("near", sock("a"), quick())
+        let near = Proc::serve_with_config("near", unix_addr("sref", "a"), quick())
             .await
             .unwrap();
         // Over a socket (archived from the sender's value) and within the
         // proc (a copy handed over), the receiver gets the same value.
-        let far = Proc::serve_with_config("far", sock("b"), quick())
+        let far = Proc::serve_with_config("far", unix_addr("sref", "b"), quick())
             .await
             .unwrap();
         let (sender, _) = near.attach("sender").unwrap();
