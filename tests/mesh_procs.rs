@@ -84,6 +84,22 @@ fn int(v: i64) -> Vec<u8> {
     hyperactor_mesh::cbor::int(v)
 }
 
+/// Every rank's answer to `rank`, gathered.
+async fn gather_ranks(mesh: &mut Mesh, caster: &mut Caster) -> Vec<Vec<u8>> {
+    let seq = caster.cast(
+        mesh.target.clone(),
+        "rank",
+        vec![],
+        CastMode::Gather,
+        TIMEOUT,
+    );
+    let Outcome::Done { seq: s, result } = next(mesh, caster).await else {
+        panic!("not a final outcome")
+    };
+    assert_eq!(s, seq);
+    result.unwrap()
+}
+
 /// The reason the proc stopped, from the client's events.
 async fn stopped(mesh: &mut Mesh) -> String {
     tokio::time::timeout(TIMEOUT, async {
@@ -102,18 +118,10 @@ async fn gathers_and_reductions_span_processes() {
     let mut mesh = mesh(4, 3).await;
     assert!(mesh.procs.iter().all(|p| p.pid.is_some()));
     let mut caster = Caster::new(mesh.client.mailbox(), 2);
-    let seq = caster.cast(
-        mesh.target.clone(),
-        "rank",
-        vec![],
-        CastMode::Gather,
-        TIMEOUT,
+    assert_eq!(
+        gather_ranks(&mut mesh, &mut caster).await,
+        (0..12).map(int).collect::<Vec<_>>()
     );
-    let Outcome::Done { seq: s, result } = next(&mut mesh, &mut caster).await else {
-        panic!("not a final outcome")
-    };
-    assert_eq!(s, seq);
-    assert_eq!(result.unwrap(), (0..12).map(int).collect::<Vec<_>>());
     let seq = caster.cast(
         mesh.target.clone(),
         "rank",
@@ -378,4 +386,30 @@ async fn stopped_procs_end_quietly_and_refuse_new_actors() {
         .await
         .unwrap_err();
     assert!(err.contains("stopped by its owner"), "{err}");
+}
+
+/// Where procs and their controller outnumber the cores, every proc runs
+/// as `SCHED_BATCH`, so that the procs a cast wakes do not preempt the
+/// controller still writing it (`hyperactor_mesh::alloc::run_as_batch`),
+/// and the mesh answers as before.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn procs_that_outnumber_the_cores_run_as_batch() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores > 16 {
+        eprintln!("skipped: outnumbering {cores} cores takes {cores} procs");
+        return;
+    }
+    let mut mesh = mesh(cores, 1).await;
+    for proc in &mesh.procs {
+        let pid = proc.pid.unwrap();
+        // SAFETY: sched_getscheduler(2) only reads the policy of a pid.
+        let policy = unsafe { libc::sched_getscheduler(pid as libc::pid_t) };
+        assert_eq!(policy, libc::SCHED_BATCH, "the policy of proc {pid}");
+    }
+    let mut caster = Caster::new(mesh.client.mailbox(), 2);
+    assert_eq!(
+        gather_ranks(&mut mesh, &mut caster).await,
+        (0..cores as i64).map(int).collect::<Vec<_>>()
+    );
 }

@@ -257,6 +257,10 @@ pub struct BootstrapConfig {
     /// `hyperactor::ProcConfig::busy_poll`); 0 when procs outnumber cores.
     #[serde(default)]
     pub busy_poll_us: u64,
+    /// Whether the proc runs as `SCHED_BATCH` ([`run_as_batch`]): set when
+    /// procs outnumber cores.
+    #[serde(default)]
+    pub batch: bool,
     /// The cluster token the proc requires of its peers and presents to
     /// them (hyperactor's PR-6); none on one machine.
     #[serde(default)]
@@ -400,6 +404,7 @@ impl Allocator for LocalAllocator {
                     events: events.id().to_string(),
                     blob_dir: self.registry.blob_dir().to_path_buf(),
                     busy_poll_us,
+                    batch: procs_here > cores,
                     cluster_token: self.cluster_token.clone(),
                     tls_dir: hyperactor::channel::tls::installed()
                         .map(|tls| tls.dir().to_path_buf()),
@@ -743,6 +748,30 @@ pub fn keep_freed_memory() {
     }
 }
 
+/// Makes the calling thread, and the threads it starts from now on,
+/// `SCHED_BATCH` on Linux: a thread of this kind that wakes does not
+/// preempt the one running on its CPU, but waits for it to block or to
+/// use up its slice. [`bootstrap_main`] does it in a proc started where
+/// procs outnumber cores: there the procs a cast wakes preempted the
+/// controller still writing it, and a 16-proc gather on 2 vCPUs switched
+/// the controller 2.2 times instead of 1.2 and took 4 - 5 % longer
+/// (docs/benchmarks.md, "Issue 19", 2026-12-06 evening). Elsewhere, and
+/// where the kernel refuses, nothing changes.
+pub fn run_as_batch() {
+    #[cfg(target_os = "linux")]
+    {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: sched_setscheduler(2) on the calling thread (pid 0) with
+        // a valid parameter block that outlives the call.
+        if unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } != 0 {
+            tracing::debug!(
+                error = %std::io::Error::last_os_error(),
+                "SCHED_BATCH refused; the proc keeps its policy"
+            );
+        }
+    }
+}
+
 /// The body of a child proc: reads its [`BootstrapConfig`], serves a mesh
 /// proc whose actors come from `registry`, says it is ready, and runs until
 /// its parent goes away (AL-1). Returns only on error. It keeps freed
@@ -761,6 +790,9 @@ pub async fn bootstrap_main(
     // SAFETY: getppid has no preconditions.
     if unsafe { libc::getppid() } == 1 {
         anyhow::bail!("the parent exited before this proc started");
+    }
+    if config.batch {
+        run_as_batch();
     }
     let addr: ChannelAddr = match config.listen.strip_prefix("unix:") {
         Some(dir) => format!(

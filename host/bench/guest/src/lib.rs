@@ -373,11 +373,12 @@ async fn gather_scaling(actors: &ActorMesh<Echoer>, sizes: &MeshSizes) -> Result
     Ok(())
 }
 
-/// A workload of the mesh suite in a loop for 10 s, for profilers
-/// (`perf record -a`, `perf sched`): `gather-loop [PROCS [SLICE]]` makes
+/// A workload of the mesh suite in a loop, for profilers (`perf record
+/// -a`, `perf sched`): `gather-loop [PROCS [SLICE [SECONDS]]]` makes
 /// gathered calls to the first SLICE of PROCS procs (16 and all by
-/// default), `broadcast-loop` runs 100 broadcasts and a call over 16
-/// procs; the mean time of one goes to the log. Run it as `monarch-host run
+/// default) for SECONDS (10 by default), `broadcast-loop` runs 100
+/// broadcasts and a call over 16 procs; the mean time of one goes to the
+/// log. Run it as `monarch-host run
 /// controller_bench.wasm -- gather-loop 16`.
 async fn profile_loop(args: &[String]) -> Result<(), String> {
     let arg = |at: usize, default: u32| {
@@ -387,11 +388,12 @@ async fn profile_loop(args: &[String]) -> Result<(), String> {
     };
     let procs = arg(1, PROCS)?;
     let slice = arg(2, procs)?.min(procs);
+    let seconds = arg(3, 10)?;
     let (_, _procs, all) = spawn_and_call(procs, "loop").await?;
     let actors = all.slice(&[SliceDim::range("procs", 0..slice)])?;
     let started = Instant::now();
     let mut count = 0u64;
-    while started.elapsed() < Duration::from_secs(10) {
+    while started.elapsed() < Duration::from_secs(seconds.into()) {
         if args[0] == "broadcast-loop" {
             for _ in 0..BROADCASTS {
                 actors.broadcast(&Bump).map_err(|e| e.to_string())?;
