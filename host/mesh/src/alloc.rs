@@ -389,7 +389,8 @@ impl Allocator for LocalAllocator {
         let reserved: Vec<ProcHere> = names.iter().map(|_| ProcHere::new()).collect();
         let procs_here = PROCS_HERE.load(Ordering::Relaxed) + 1;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let busy_poll_us = if procs_here > cores {
+        let oversubscribed = procs_here > cores;
+        let busy_poll_us = if oversubscribed {
             0
         } else {
             hyperactor::ProcConfig::default().busy_poll.as_micros() as u64
@@ -404,7 +405,7 @@ impl Allocator for LocalAllocator {
                     events: events.id().to_string(),
                     blob_dir: self.registry.blob_dir().to_path_buf(),
                     busy_poll_us,
-                    batch: procs_here > cores,
+                    batch: oversubscribed,
                     cluster_token: self.cluster_token.clone(),
                     tls_dir: hyperactor::channel::tls::installed()
                         .map(|tls| tls.dir().to_path_buf()),
