@@ -82,13 +82,107 @@ pub async fn run_watched(
             )
         });
     }
+    Ok((records_of(&lines)?, lines))
+}
+
+/// [`run_watched`] in a child process of its own, as `monarch-host run`
+/// runs a program: `command` runs the program and writes each line of its
+/// log to stdout as the guest logs it (`monarch-bench mesh-round`), and
+/// `watch` sees each line as it comes. The child, with every process it
+/// started, is killed if it runs past `limit`.
+pub async fn run_in_child(
+    mut command: tokio::process::Command,
+    limit: std::time::Duration,
+    watch: impl Fn(&str),
+) -> anyhow::Result<(Vec<Record>, Vec<String>)> {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut child = spawn_group(&mut command)
+        .context("cannot start the process that runs the benchmark program")?;
+    tracing::info!(
+        pid = child.id(),
+        "the benchmark program runs in a process of its own"
+    );
+    let stdout = child.stdout.take().context("no stdout pipe")?;
+    let mut lines = Vec::new();
+    let read = async {
+        let mut reader = tokio::io::BufReader::new(stdout).lines();
+        while let Some(line) = reader.next_line().await? {
+            watch(&line);
+            if !line.contains("BENCH ") {
+                tracing::info!("{line}");
+            }
+            lines.push(line);
+        }
+        anyhow::Ok(child.wait().await?)
+    };
+    let status = match tokio::time::timeout(limit, read).await {
+        Ok(status) => status?,
+        Err(_) => {
+            // Its procs are in its process group.
+            kill_group(&mut child).await;
+            bail!(
+                "the benchmark program ran past {} s and was killed with its procs",
+                limit.as_secs()
+            );
+        }
+    };
+    if !status.success() {
+        bail!(
+            "the benchmark program failed ({status}; its error is above); its output:\n{}",
+            lines.join("\n")
+        );
+    }
+    Ok((records_of(&lines)?, lines))
+}
+
+/// Starts `command` leading a process group of its own (so that
+/// [`kill_group`] reaches every process it starts), its stdout piped, its
+/// stderr this process's, and killed if dropped.
+pub(crate) fn spawn_group(
+    command: &mut tokio::process::Command,
+) -> std::io::Result<tokio::process::Child> {
+    use std::process::Stdio;
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+}
+
+/// Kills `child` and every process of its group (it leads one).
+pub(crate) async fn kill_group(child: &mut tokio::process::Child) {
+    if let Some(pid) = child.id() {
+        let _ = tokio::process::Command::new("kill")
+            .args(["-KILL", "--", &format!("-{pid}")])
+            .stdin(std::process::Stdio::null())
+            .status()
+            .await;
+    }
+    let _ = child.kill().await;
+}
+
+/// A sink for the guest's log that writes each line to stdout as it
+/// comes, for [`run_in_child`] to read.
+pub fn stdout_sink() -> Arc<dyn Fn(&str) + Send + Sync> {
+    Arc::new(|line: &str| {
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    })
+}
+
+/// The records in `lines`, in order.
+fn records_of(lines: &[String]) -> anyhow::Result<Vec<Record>> {
     let mut records = Vec::new();
-    for line in &lines {
+    for line in lines {
         if let Some(record) = parse_line(line)? {
             records.push(record);
         }
     }
-    Ok((records, lines))
+    Ok(records)
 }
 
 /// The record in one line of the guest's log, if it holds one.

@@ -399,6 +399,12 @@ enum Suite {
     #[command(hide = true)]
     Bootstrap,
 
+    /// One round of the mesh suite's workloads on this host, in a process of
+    /// its own: runs the guest program and writes each line of its log to
+    /// stdout as it is logged. Started by `mesh` itself.
+    #[command(hide = true, name = "mesh-round")]
+    MeshRound(mesh::MeshRoundArgs),
+
     /// A proc of the dataplane suite's all-reduce, whose actors are tensor
     /// workers: started by the suite itself, configured through the
     /// environment.
@@ -532,33 +538,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             rt.shutdown_timeout(std::time::Duration::from_secs(1));
             result
         }
-        Suite::Controller(args) => {
-            let rt = match args.threads {
-                1 => worker::runtime(Flavor::CurrentThread, 1)?,
-                n => worker::runtime(Flavor::MultiThread, n.into())?,
-            };
-            let result = rt.block_on(controller::run(args));
-            rt.shutdown_timeout(std::time::Duration::from_secs(1));
-            result
-        }
-        Suite::Mesh(args) => {
-            let rt = match args.threads {
-                1 => worker::runtime(Flavor::CurrentThread, 1)?,
-                n => worker::runtime(Flavor::MultiThread, n.into())?,
-            };
-            let result = rt.block_on(mesh::run(args));
-            rt.shutdown_timeout(std::time::Duration::from_secs(1));
-            result
-        }
-        Suite::Scale(args) => {
-            let rt = match args.threads {
-                1 => worker::runtime(Flavor::CurrentThread, 1)?,
-                n => worker::runtime(Flavor::MultiThread, n.into())?,
-            };
-            let result = rt.block_on(scale::run(args));
-            rt.shutdown_timeout(std::time::Duration::from_secs(1));
-            result
-        }
+        Suite::Controller(args) => on_runtime(args.threads, controller::run(args)),
+        Suite::Mesh(args) => on_runtime(args.workload.threads, mesh::run(args)),
+        Suite::MeshRound(args) => on_runtime(args.workload.threads, mesh::run_round(args)),
+        Suite::Scale(args) => on_runtime(args.threads, scale::run(args)),
         Suite::ScaleAgents { count } => scale::serve_agents(count),
         // Before any runtime: it sets the compile cache's directory.
         Suite::Serve(args) => serve::main(args),
@@ -588,6 +571,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Suite::RawEcho { addr } => raw::serve_echo(addr),
     }
+}
+
+/// Runs `suite` to its end on a runtime of `threads` threads, as
+/// `monarch-host run --threads` does: 1 is a current-thread runtime.
+fn on_runtime(
+    threads: u16,
+    suite: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    let rt = match threads {
+        1 => worker::runtime(Flavor::CurrentThread, 1)?,
+        n => worker::runtime(Flavor::MultiThread, n.into())?,
+    };
+    let result = rt.block_on(suite);
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    result
 }
 
 /// The `bootstrap` subcommand: serves one proc of the mesh or serve suite, whose

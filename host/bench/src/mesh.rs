@@ -3,13 +3,19 @@
 //!
 //! The guest program (`host/bench/guest`, in its `mesh` mode) spawns the
 //! procs, times everything with the monotonic clock WASI grants it and
-//! logs `BENCH` lines (see [`crate::guest`]); this side runs it on
-//! `monarch-host`'s library with [`Placement::Local`], so every proc is a
-//! child process, and measures the floor, a bare Unix socket round trip
-//! between two processes, in the same run.
+//! logs `BENCH` lines (see [`crate::guest`]); a child process of this
+//! binary (`mesh-round`) runs it on `monarch-host`'s library with
+//! [`Placement::Local`], so every proc is a child process of that one, and
+//! this side measures the floor, a bare Unix socket round trip between two
+//! processes, in the same run.
+//!
+//! Each round runs in a fresh process, as `monarch-host run` runs a
+//! program and as each peer's round is a Python process of its own: a
+//! second program run in one process gathered 5 - 15 % slower than the
+//! first (docs/benchmarks.md, "Rounds in processes of their own").
 //!
 //! ```text
-//! this process: controller (Wasm) + mesh client   child processes (this binary, `bootstrap`)
+//! round process: controller (Wasm) + mesh client   child processes (this binary, `bootstrap`)
 //!   spawn-procs / call / broadcast  ----- unix, multicast tree ----->  comm actor -> Wasm actors
 //!                                   <---- gathered / reduced replies -
 //! raw client (blocking std sockets) <---------- unix ---------->  raw-echo
@@ -92,15 +98,16 @@ const FLOOR_SETTLE: Duration = Duration::from_millis(200);
 /// Payload of a floor round trip: about what a small call's frame holds.
 const FLOOR_PAYLOAD: usize = 64;
 
-/// Arguments of the mesh suite.
+/// What each round of this host's runs, and how: arguments of both `mesh`
+/// and `mesh-round`.
 #[derive(Debug, Args)]
-pub struct MeshArgs {
+pub struct Workload {
     /// Far fewer repetitions: a smoke test of a few seconds; rough figures.
     #[arg(long)]
     quick: bool,
-    /// Threads of this process's runtime, as `monarch-host run --threads`:
-    /// 1 (the default, as there) is a current-thread runtime. Each proc
-    /// runs a current-thread runtime of its own.
+    /// Threads of the controller's runtime, as `monarch-host run
+    /// --threads`: 1 (the default, as there) is a current-thread runtime.
+    /// Each proc runs a current-thread runtime of its own.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub threads: u16,
     /// The fan-out of the multicast trees that carry calls, as
@@ -110,6 +117,13 @@ pub struct MeshArgs {
     /// The guest program.
     #[arg(long, default_value = guest::DEFAULT_PROGRAM)]
     program: PathBuf,
+}
+
+/// Arguments of the mesh suite.
+#[derive(Debug, Args)]
+pub struct MeshArgs {
+    #[command(flatten)]
+    pub workload: Workload,
     /// The binary every proc runs as `PROC_PROGRAM bootstrap`: by default
     /// this one; a `monarch-host` binary works too.
     #[arg(long)]
@@ -152,7 +166,7 @@ pub struct MeshArgs {
 /// Runs the suite and writes its records to stdout.
 pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
     let began = Instant::now();
-    guest::check_program(&args.program)?;
+    guest::check_program(&args.workload.program)?;
     let proc_program = match args.proc_program.clone() {
         Some(path) => path,
         None => {
@@ -165,42 +179,43 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
         proc_program.display()
     );
     tracing::info!(
-        quick = args.quick,
-        threads = args.threads,
-        fanout = args.fanout,
-        program = %args.program.display(),
+        quick = args.workload.quick,
+        threads = args.workload.threads,
+        fanout = args.workload.fanout,
+        program = %args.workload.program.display(),
         procs = %proc_program.display(),
         "mesh suite"
     );
 
     // The floor, half before the program and half after it, so that a
     // machine that changes speed in between moves both.
-    let samples = if args.quick { 1_000 } else { 10_000 };
+    let samples = if args.workload.quick { 1_000 } else { 10_000 };
     let scratch = Scratch::new()?;
     let (raw_worker, mut raw, mut floor) = unix_floor(&scratch, samples).await?;
 
-    let sandbox = Sandbox {
-        placement: Placement::Local {
-            program: proc_program,
-        },
-        fanout: args.fanout,
-        // The guest spawns fresh procs for every timed spawn: 5 of 8 and 5
-        // of 16 procs in the full suite, and the host counts every proc a
-        // run spawns, stopped or not.
-        max_procs: 256,
-        deadline: Duration::from_secs(110),
-        ..Sandbox::default()
-    };
-    let mut guest_args = vec!["mesh".to_string()];
-    if args.quick {
-        guest_args.push("quick".into());
-    }
-    let mut traces = match &args.trace_file {
-        Some(file) => Some(
-            monarch_host::traces::TraceOutput::start(None, Some(file))
-                .map_err(|e| anyhow::anyhow!(e))?,
-        ),
-        None => None,
+    // Each round runs in a process of its own (this binary's `mesh-round`),
+    // as `monarch-host run` runs a program and as each peer's round is a
+    // Python process of its own.
+    let exe = std::env::current_exe().context("cannot find this binary to run rounds")?;
+    let round_command = |traced: bool| {
+        let mut command = tokio::process::Command::new(&exe);
+        command
+            .arg("mesh-round")
+            .arg("--program")
+            .arg(&args.workload.program)
+            .arg("--proc-program")
+            .arg(&proc_program)
+            .arg("--fanout")
+            .arg(args.workload.fanout.to_string())
+            .arg("--threads")
+            .arg(args.workload.threads.to_string());
+        if args.workload.quick {
+            command.arg("--quick");
+        }
+        if let (true, Some(file)) = (traced, &args.trace_file) {
+            command.arg("--trace-file").arg(file);
+        }
+        command
     };
     let peers = match args.peers {
         true => ready_peers(&args.peers_python, scratch.path()).await?,
@@ -211,7 +226,11 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
         .unwrap_or(if peers.is_empty() { 1 } else { PEER_ROUNDS });
     // Rounds that lost more than `--max-steal` to the hypervisor are run
     // again, up to `rounds` more times (not in a smoke run).
-    let passes = if args.quick { rounds } else { rounds * 2 };
+    let passes = if args.workload.quick {
+        rounds
+    } else {
+        rounds * 2
+    };
     let mut ours: Vec<OurRound> = Vec::new();
     let mut peer_rounds: Vec<PeerRound> = Vec::new();
     let in_turn: Vec<&'static Peer> = peers.iter().copied().filter(|p| p.in_turn).collect();
@@ -249,21 +268,12 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
                 }
             }
         };
-        let (records, _) = guest::run_watched(&args.program, &guest_args, sandbox.clone(), watch)
+        // Only the first round is traced.
+        let (records, _) = guest::run_in_child(round_command(round == 1), ROUND_LIMIT, watch)
             .await
             .context("the mesh benchmark program failed")?;
         let marks = marks.lock().map(|mut m| std::mem::take(&mut *m));
         let stolen = Stolen::since(&span, &marks.unwrap_or_default());
-        // Only the first round is traced.
-        if let Some(traces) = traces.take() {
-            let report = traces.finish(Duration::from_secs(30));
-            tracing::info!(
-                traces = report.traces,
-                spans = report.spans,
-                dropped = report.dropped,
-                "casts traced"
-            );
-        }
         guest::expect_metrics(&records, &GUEST_METRICS)?;
         if passes > 1 {
             let figures: Vec<String> = records
@@ -339,7 +349,7 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
     let floor = median(&floor).context("no samples for raw_unix_rtt_us")?;
     emit(SUITE, "raw_unix_rtt_us", floor, Unit::Micros)?;
     log_ratios(&records, floor);
-    let gather_floors = gather_floor(&scratch, args.quick).await?;
+    let gather_floors = gather_floor(&scratch, args.workload.quick).await?;
     for (metric, micros) in &gather_floors {
         emit(SUITE, metric, *micros, Unit::Micros)?;
     }
@@ -351,6 +361,75 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
     if !peers.is_empty() {
         let peers = peer_medians(&theirs)?;
         log_comparison(&records, &peers, &gather_floors);
+    }
+    Ok(())
+}
+
+/// How long a round of this host's may take, its procs' start included,
+/// before it is killed: past the program's own deadline
+/// ([`round_sandbox`]).
+const ROUND_LIMIT: Duration = Duration::from_secs(150);
+
+/// Arguments of `mesh-round`, one round of this host's in a process of
+/// its own; [`run`] passes them on from its own.
+#[derive(Debug, Args)]
+pub struct MeshRoundArgs {
+    #[command(flatten)]
+    pub workload: Workload,
+    /// The binary every proc runs as `PROC_PROGRAM bootstrap`.
+    #[arg(long)]
+    proc_program: PathBuf,
+    /// As `mesh --trace-file`.
+    #[arg(long, value_name = "FILE")]
+    trace_file: Option<PathBuf>,
+}
+
+/// The sandbox of every round: the guest spawns fresh procs for every timed
+/// spawn (5 of 8 and 5 of 16 procs in the full suite), and the host counts
+/// every proc a run spawns, stopped or not.
+fn round_sandbox(proc_program: PathBuf, fanout: u32) -> Sandbox {
+    Sandbox {
+        placement: Placement::Local {
+            program: proc_program,
+        },
+        fanout,
+        max_procs: 256,
+        deadline: Duration::from_secs(110),
+        ..Sandbox::default()
+    }
+}
+
+/// One round of this host's (`mesh-round`): runs the guest program's mesh
+/// workloads and writes each line of its log to stdout as it is logged.
+pub async fn run_round(args: MeshRoundArgs) -> anyhow::Result<()> {
+    let mut guest_args = vec!["mesh".to_string()];
+    if args.workload.quick {
+        guest_args.push("quick".into());
+    }
+    let traces = match &args.trace_file {
+        Some(file) => Some(
+            monarch_host::traces::TraceOutput::start(None, Some(file))
+                .map_err(|e| anyhow::anyhow!(e))?,
+        ),
+        None => None,
+    };
+    let sandbox = round_sandbox(args.proc_program, args.workload.fanout);
+    monarch_host::run_program(
+        &args.workload.program,
+        &guest_args,
+        sandbox,
+        guest::stdout_sink(),
+    )
+    .await
+    .context("the mesh benchmark program failed")?;
+    if let Some(traces) = traces {
+        let report = traces.finish(Duration::from_secs(30));
+        tracing::info!(
+            traces = report.traces,
+            spans = report.spans,
+            dropped = report.dropped,
+            "casts traced"
+        );
     }
     Ok(())
 }
@@ -659,7 +738,7 @@ async fn run_peer_round(
     round: u32,
     rounds: &mut Vec<PeerRound>,
 ) {
-    let (python, quick) = (&args.peers_python, args.quick);
+    let (python, quick) = (&args.peers_python, args.workload.quick);
     for peer in peers {
         let script = scratch.join(peer.script);
         let began = Instant::now();
@@ -966,13 +1045,7 @@ async fn run_peer(
     if quick {
         command.arg("--quick");
     }
-    let mut child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
+    let mut child = guest::spawn_group(&mut command)
         .with_context(|| format!("cannot run {} {}", python.display(), script.display()))?;
     let stdout = child.stdout.take().context("no stdout pipe")?;
     let forward = async {
@@ -1006,7 +1079,7 @@ async fn run_peer(
             Ok(())
         }
         Err(_) => {
-            kill_group(&mut child).await;
+            guest::kill_group(&mut child).await;
             anyhow::bail!(
                 "{} ran past {} s and was killed with its processes",
                 peer.script,
@@ -1014,18 +1087,6 @@ async fn run_peer(
             )
         }
     }
-}
-
-/// Kills `child` and every process of its group (it leads one).
-async fn kill_group(child: &mut tokio::process::Child) {
-    if let Some(pid) = child.id() {
-        let _ = tokio::process::Command::new("kill")
-            .args(["-KILL", "--", &format!("-{pid}")])
-            .stdin(Stdio::null())
-            .status()
-            .await;
-    }
-    let _ = child.kill().await;
 }
 
 /// Logs this host's figures beside the peers', with how many times this

@@ -250,6 +250,15 @@ fn mesh_rounds_log_each_round_and_print_each_metric_once() {
     assert_records(output, "mesh", &MESH_METRICS);
     let rounds = stderr.lines().filter(|l| l.contains("this host: ")).count();
     assert_eq!(rounds, 2, "{stderr}");
+    // Each round in a process of its own, as `monarch-host run` runs a
+    // program: none inherits what the one before left in its process.
+    let pids: std::collections::BTreeSet<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("runs in a process of its own"))
+        .filter_map(|l| l.split("pid=").nth(1))
+        .map(|rest| rest.split_whitespace().next().unwrap_or(rest))
+        .collect();
+    assert_eq!(pids.len(), 2, "two rounds, two processes: {stderr}");
 }
 
 #[test]
@@ -423,6 +432,7 @@ fn help_names_the_suites_and_hides_the_worker_modes() {
     assert!(!help.contains("raw-echo"), "{help}");
     assert!(!help.contains("dataplane-worker"), "{help}");
     assert!(!help.contains("bootstrap"), "{help}");
+    assert!(!help.contains("mesh-round"), "{help}");
 }
 
 #[test]
