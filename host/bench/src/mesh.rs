@@ -196,7 +196,8 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
     // Each round runs in a process of its own (this binary's `mesh-round`),
     // as `monarch-host run` runs a program and as each peer's round is a
     // Python process of its own.
-    let exe = std::env::current_exe().context("cannot find this binary to run rounds")?;
+    let exe =
+        hyperactor_mesh::exe::current_exe().context("cannot find this binary to run rounds")?;
     let round_command = |traced: bool| {
         let mut command = tokio::process::Command::new(&exe);
         command

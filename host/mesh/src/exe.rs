@@ -18,6 +18,15 @@
 //! run` and `serve` and `monarch-bench` start themselves again from it
 //! ([`run_from_copy`]).
 //!
+//! The kernel may drop the copy's pages from its cache while no process
+//! uses them (memory pressure, or reclaim of idle memory: this project's
+//! VMs page out with DAMON whatever went untouched for 60 s), and read back
+//! from disk they come in small folios, mapped with 4 KiB pages: procs
+//! started from such a copy gathered 5 - 12 % slower. So a copy is checked
+//! before it is used (its code mapped here, aligned, and counted in
+//! `/proc/self/smaps`), and written again where its pages are no longer
+//! 2 MiB folios.
+//!
 //! Anything that fails on the way (a binary without the alignment, no
 //! cache directory, a full disk) leaves the original program; so does
 //! `MONARCH_HUGE_TEXT=0`.
@@ -29,12 +38,20 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
 
 /// 2 MiB: the size of a huge page, and of each write of the copy.
 const HUGE: u64 = 2 << 20;
 
 /// How long a copy of an earlier build is kept.
 const OLD_COPY: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// How long a process trusts that the copy it checked is still in 2 MiB
+/// folios ([`still_in_huge_folios`]): a kernel may drop the pages of a
+/// file no process has used for a while (this project's VMs page out,
+/// with DAMON, what was not touched for 60 s), and a long-lived process
+/// (`serve`) starts procs minutes apart.
+const RECHECK: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Turns the copy off when set to `0`.
 pub const HUGE_TEXT_ENV: &str = "MONARCH_HUGE_TEXT";
@@ -128,8 +145,9 @@ pub fn cache_dir() -> Option<PathBuf> {
 
 /// The program to start procs with instead of `program`: its copy in
 /// `cache_dir()/exe` where that helps (see the module docs), else
-/// `program` itself. Made once per program and process; a copy that has
-/// gone since is made again.
+/// `program` itself. Made once per program; a copy that has gone since, or
+/// whose pages the kernel dropped from its cache, is made again (checked
+/// at most every [`RECHECK`] in one process).
 pub fn for_procs(program: &Path) -> PathBuf {
     if std::env::var_os(HUGE_TEXT_ENV).is_some_and(|v| v == "0") {
         return program.to_path_buf();
@@ -137,11 +155,11 @@ pub fn for_procs(program: &Path) -> PathBuf {
     let Some(dir) = cache_dir() else {
         return program.to_path_buf();
     };
-    static CHOSEN: Mutex<Option<HashMap<PathBuf, PathBuf>>> = Mutex::new(None);
+    static CHOSEN: Mutex<Option<HashMap<PathBuf, (PathBuf, Instant)>>> = Mutex::new(None);
     let mut chosen = CHOSEN.lock().unwrap_or_else(|p| p.into_inner());
     let chosen = chosen.get_or_insert_with(HashMap::new);
-    if let Some(path) = chosen.get(program)
-        && (path == program || path.exists())
+    if let Some((path, checked)) = chosen.get(program)
+        && (path == program || (path.exists() && checked.elapsed() < RECHECK))
     {
         return path.clone();
     }
@@ -153,7 +171,7 @@ pub fn for_procs(program: &Path) -> PathBuf {
             program.to_path_buf()
         }
     };
-    chosen.insert(program.to_path_buf(), path.clone());
+    chosen.insert(program.to_path_buf(), (path.clone(), Instant::now()));
     path
 }
 
@@ -163,9 +181,9 @@ pub fn for_procs(program: &Path) -> PathBuf {
 /// mapped with 2 MiB pages.
 pub fn copy_for_huge_pages(program: &Path, dir: &Path) -> std::io::Result<Option<PathBuf>> {
     let mut file = File::open(program)?;
-    if !code_aligned_to_huge_pages(&mut file)? {
+    let Some(blocks) = huge_code_blocks(&mut file)? else {
         return Ok(None);
-    }
+    };
     if own_code_on_huge_pages(program) {
         return Ok(None);
     }
@@ -178,7 +196,12 @@ pub fn copy_for_huge_pages(program: &Path, dir: &Path) -> std::io::Result<Option
     let key = format!("{name}-{:x}-{mtime:x}-{:x}", meta.size(), meta.ino());
     let dest = dir.join(&key);
     if std::fs::metadata(&dest).is_ok_and(|m| m.len() == meta.size()) {
-        return Ok(Some(dest));
+        if still_in_huge_folios(&dest, blocks) {
+            return Ok(Some(dest));
+        }
+        // Written again under the same name: procs running the old one
+        // keep it while they map it.
+        tracing::info!(copy = %dest.display(), "the copy's code is no longer in 2 MiB folios; copying the program again");
     }
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -261,13 +284,20 @@ fn forget_older_copies(dir: &Path, name: &str, keep: &str) {
 /// address and its offset in the file agree modulo 2 MiB) and spans at
 /// least one whole huge page.
 pub fn code_aligned_to_huge_pages(file: &mut File) -> std::io::Result<bool> {
+    Ok(huge_code_blocks(file)?.is_some())
+}
+
+/// The bytes of the file, from and to a multiple of 2 MiB, that 2 MiB
+/// pages map of its executable segment, where that segment is aligned to
+/// 2 MiB and spans at least one whole huge page.
+fn huge_code_blocks(file: &mut File) -> std::io::Result<Option<std::ops::Range<u64>>> {
     let mut header = [0u8; 64];
     if file.read(&mut header)? < header.len() || &header[..4] != b"\x7fELF" {
-        return Ok(false);
+        return Ok(None);
     }
     // 64-bit, little-endian.
     if header[4] != 2 || header[5] != 1 {
-        return Ok(false);
+        return Ok(None);
     }
     let u16_at = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]) as usize;
     let u64_at = |b: &[u8], at: usize| {
@@ -279,7 +309,7 @@ pub fn code_aligned_to_huge_pages(file: &mut File) -> std::io::Result<bool> {
     let phentsize = u16_at(&header, 0x36);
     let phnum = u16_at(&header, 0x38);
     if phentsize < 56 || phnum == 0 || phnum > 256 {
-        return Ok(false);
+        return Ok(None);
     }
     let mut table = vec![0u8; phentsize * phnum];
     use std::io::Seek;
@@ -288,17 +318,106 @@ pub fn code_aligned_to_huge_pages(file: &mut File) -> std::io::Result<bool> {
     file.seek(std::io::SeekFrom::Start(0))?;
     const PT_LOAD: u32 = 1;
     const PF_X: u32 = 1;
-    Ok(table.chunks_exact(phentsize).any(|ph| {
+    Ok(table.chunks_exact(phentsize).find_map(|ph| {
         let kind = u32::from_le_bytes([ph[0], ph[1], ph[2], ph[3]]);
         let flags = u32::from_le_bytes([ph[4], ph[5], ph[6], ph[7]]);
         let (offset, vaddr) = (u64_at(ph, 8), u64_at(ph, 16));
         let (filesz, align) = (u64_at(ph, 32), u64_at(ph, 48));
-        kind == PT_LOAD
+        let usable = kind == PT_LOAD
             && flags & PF_X != 0
             && align >= HUGE
             && vaddr.wrapping_sub(offset) % HUGE == 0
-            && filesz >= 2 * HUGE
+            && filesz >= 2 * HUGE;
+        let start = offset.div_ceil(HUGE) * HUGE;
+        let end = (offset + filesz) / HUGE * HUGE;
+        (usable && end > start).then_some(start..end)
     }))
+}
+
+/// Whether the page cache still holds `path`'s `blocks` (from and to a
+/// multiple of 2 MiB) as 2 MiB folios, nearly all of them: the kernel may
+/// have dropped a copy's pages since it was written (memory pressure,
+/// reclaim), and read back from disk they come in smaller folios, which
+/// 4 KiB pages map. Told by mapping them here, aligned, touching each
+/// block and reading how much of the mapping `/proc/self/smaps` counts
+/// as mapped with 2 MiB pages. `true` where it cannot tell.
+fn still_in_huge_folios(path: &Path, blocks: std::ops::Range<u64>) -> bool {
+    use std::os::fd::AsRawFd as _;
+    let Ok(file) = File::open(path) else {
+        return true;
+    };
+    // Only what the file holds: a page past its end would fault.
+    let size = file.metadata().map_or(0, |m| m.len());
+    let end = blocks.end.min(size / HUGE * HUGE);
+    if end <= blocks.start {
+        return true;
+    }
+    let len = (end - blocks.start) as usize;
+    let huge = HUGE as usize;
+    // SAFETY: a fresh anonymous reservation, inaccessible, at an address
+    // the kernel picks; unmapped below.
+    let reserved = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len + huge,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if reserved == libc::MAP_FAILED {
+        return true;
+    }
+    let aligned = (reserved as usize).div_ceil(huge) * huge;
+    // SAFETY: `aligned .. aligned + len` lies inside the reservation, which
+    // this replaces with a read-only shared mapping of the file, as the
+    // loader maps code; nothing else uses the reservation.
+    let mapped = unsafe {
+        libc::mmap(
+            aligned as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_EXEC,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            file.as_raw_fd(),
+            blocks.start as libc::off_t,
+        )
+    };
+    let verdict = if mapped == libc::MAP_FAILED {
+        true
+    } else {
+        for block in (0..len).step_by(huge) {
+            // SAFETY: inside the mapping, which is readable and within
+            // the file's size.
+            unsafe { std::ptr::read_volatile((aligned + block) as *const u8) };
+        }
+        match std::fs::read_to_string("/proc/self/smaps") {
+            Ok(smaps) => {
+                let pmd_kb = pmd_mapped_kb_at(&smaps, aligned).unwrap_or(0);
+                pmd_kb * 10 >= (len as u64 / 1024) * 9
+            }
+            Err(_) => true,
+        }
+    };
+    // SAFETY: the whole reservation, the file's mapping included, is this
+    // function's own.
+    unsafe { libc::munmap(reserved, len + huge) };
+    verdict
+}
+
+/// `FilePmdMapped` of the mapping that starts at `start` in `smaps`.
+fn pmd_mapped_kb_at(smaps: &str, start: usize) -> Option<u64> {
+    let head = format!("{start:x}-");
+    let mut lines = smaps.lines().skip_while(|line| !line.starts_with(&head));
+    lines.next()?;
+    lines
+        .take_while(|line| {
+            line.split_whitespace()
+                .next()
+                .is_some_and(|f| f.ends_with(':'))
+        })
+        .find_map(|line| line.strip_prefix("FilePmdMapped:"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
 }
 
 /// Whether `program` is this process's binary and its code is already
@@ -402,6 +521,77 @@ mod tests {
         assert!(!code_mostly_pmd_mapped(&smaps(16384), "/bin/prog"));
         assert!(!code_mostly_pmd_mapped(&smaps(0), "/bin/prog"));
         assert!(!code_mostly_pmd_mapped(&smaps(28672), "/bin/other"));
+    }
+
+    #[test]
+    fn the_pmd_mapped_size_is_read_from_the_mapping_at_its_address() {
+        let smaps = "200000-400000 r-xp 00000000 fd:00 12 /bin/prog\n\
+                     Size:               2048 kB\n\
+                     FilePmdMapped:         0 kB\n\
+                     7f0000200000-7f0000a00000 r-xp 00200000 fd:00 14 /cache/copy\n\
+                     Size:               8192 kB\n\
+                     FilePmdMapped:      6144 kB\n\
+                     VmFlags: rd ex sh\n\
+                     7f0000a00000-7f0000c00000 ---p 00000000 00:00 0\n\
+                     Size:               2048 kB\n";
+        assert_eq!(pmd_mapped_kb_at(smaps, 0x7f0000200000), Some(6144));
+        assert_eq!(pmd_mapped_kb_at(smaps, 0x200000), Some(0));
+        // No such mapping, or one without the field.
+        assert_eq!(pmd_mapped_kb_at(smaps, 0x300000), None);
+        assert_eq!(pmd_mapped_kb_at(smaps, 0x7f0000a00000), None);
+    }
+
+    /// The kernel can drop a copy's pages from its cache (memory pressure,
+    /// reclaim); read back from disk they are no longer 2 MiB folios and
+    /// procs started from it would run on 4 KiB pages (5 - 12 % slower
+    /// gathers over 16 procs on 2 vCPUs). Such a copy is made again.
+    #[test]
+    fn a_copy_whose_pages_left_the_cache_is_made_again() {
+        let mib = 1 << 20;
+        let dir = std::env::temp_dir().join(format!("exe-copy-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let program = dir.join("prog");
+        let mut bytes = elf(2 * mib, 2 * mib, 2 * mib, 6 * mib, 5);
+        bytes.resize(8 * mib as usize, 0x90);
+        std::fs::write(&program, &bytes).unwrap();
+        let copies = dir.join("exe");
+        let copy = copy_for_huge_pages(&program, &copies).unwrap().unwrap();
+        let blocks = 2 * mib..8 * mib;
+        if !still_in_huge_folios(&copy, blocks.clone()) {
+            eprintln!(
+                "skipped: the file system under {} does not keep 2 MiB folios for a file written in 2 MiB writes",
+                dir.display()
+            );
+            let _ = std::fs::remove_dir_all(&dir);
+            return;
+        }
+        let first = std::fs::metadata(&copy).unwrap().ino();
+        // Made once, then reused while its pages stay.
+        let again = copy_for_huge_pages(&program, &copies).unwrap().unwrap();
+        assert_eq!(
+            (again.as_path(), std::fs::metadata(&again).unwrap().ino()),
+            (copy.as_path(), first)
+        );
+        // Its pages leave the cache (it is not mapped anywhere now).
+        {
+            use std::os::fd::AsRawFd as _;
+            let file = File::open(&copy).unwrap();
+            // SAFETY: an advice on an open file's cached pages.
+            let advised =
+                unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+            assert_eq!(advised, 0);
+        }
+        assert!(!still_in_huge_folios(&copy, blocks.clone()));
+        let remade = copy_for_huge_pages(&program, &copies).unwrap().unwrap();
+        assert_eq!(remade, copy);
+        assert_ne!(
+            std::fs::metadata(&remade).unwrap().ino(),
+            first,
+            "copied again"
+        );
+        assert!(still_in_huge_folios(&remade, blocks));
+        assert_eq!(std::fs::read(&remade).unwrap(), bytes);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
