@@ -64,9 +64,7 @@ pub async fn run_watched(
         let lines = lines.clone();
         Arc::new(move |line: &str| {
             watch(line);
-            if !line.contains("BENCH ") {
-                tracing::info!("{line}");
-            }
+            log_unless_record(line);
             if let Ok(mut lines) = lines.lock() {
                 lines.push(line.to_string());
             }
@@ -108,9 +106,7 @@ pub async fn run_in_child(
         let mut reader = tokio::io::BufReader::new(stdout).lines();
         while let Some(line) = reader.next_line().await? {
             watch(&line);
-            if !line.contains("BENCH ") {
-                tracing::info!("{line}");
-            }
+            log_unless_record(&line);
             lines.push(line);
         }
         anyhow::Ok(child.wait().await?)
@@ -172,6 +168,13 @@ pub fn stdout_sink() -> Arc<dyn Fn(&str) + Send + Sync> {
         let _ = writeln!(out, "{line}");
         let _ = out.flush();
     })
+}
+
+/// Passes a line of the guest's log other than a record on to the log.
+fn log_unless_record(line: &str) {
+    if !line.contains("BENCH ") {
+        tracing::info!("{line}");
+    }
 }
 
 /// The records in `lines`, in order.

@@ -119,6 +119,24 @@ pub struct Workload {
     program: PathBuf,
 }
 
+impl Workload {
+    /// These arguments as flags on a command line, for `mesh-round`.
+    fn args(&self) -> Vec<std::ffi::OsString> {
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "--threads".into(),
+            self.threads.to_string().into(),
+            "--fanout".into(),
+            self.fanout.to_string().into(),
+            "--program".into(),
+            self.program.clone().into(),
+        ];
+        if self.quick {
+            args.push("--quick".into());
+        }
+        args
+    }
+}
+
 /// Arguments of the mesh suite.
 #[derive(Debug, Args)]
 pub struct MeshArgs {
@@ -202,17 +220,9 @@ pub async fn run(args: MeshArgs) -> anyhow::Result<()> {
         let mut command = tokio::process::Command::new(&exe);
         command
             .arg("mesh-round")
-            .arg("--program")
-            .arg(&args.workload.program)
+            .args(args.workload.args())
             .arg("--proc-program")
-            .arg(&proc_program)
-            .arg("--fanout")
-            .arg(args.workload.fanout.to_string())
-            .arg("--threads")
-            .arg(args.workload.threads.to_string());
-        if args.workload.quick {
-            command.arg("--quick");
-        }
+            .arg(&proc_program);
         if let (true, Some(file)) = (traced, &args.trace_file) {
             command.arg("--trace-file").arg(file);
         }

@@ -64,6 +64,9 @@ const STARTED_AS_ENV: &str = "MONARCH_HUGE_TEXT_STARTED_AS";
 /// moved it onto the copy.
 static STARTED_AS: OnceLock<PathBuf> = OnceLock::new();
 
+/// What [`for_procs`] chose for each program, and when it last checked.
+static CHOSEN: Mutex<Option<HashMap<PathBuf, (PathBuf, Instant)>>> = Mutex::new(None);
+
 /// Starts this process again from the copy of its binary that
 /// [`for_procs`] gives, where that is not the binary itself, so that its
 /// own code too is mapped with 2 MiB pages: a controller's turn in a
@@ -84,6 +87,14 @@ pub fn run_from_copy() {
         unsafe { std::env::remove_var(STARTED_AS_ENV) };
         let program = PathBuf::from(program);
         name_as(&program);
+        // The process before this `execve` chose and checked the copy
+        // this one runs: procs start from it without a second check.
+        if let Ok(copy) = std::env::current_exe() {
+            let mut chosen = CHOSEN.lock().unwrap_or_else(|p| p.into_inner());
+            chosen
+                .get_or_insert_with(HashMap::new)
+                .insert(program.clone(), (copy, Instant::now()));
+        }
         let _ = STARTED_AS.set(program);
         return;
     }
@@ -155,7 +166,6 @@ pub fn for_procs(program: &Path) -> PathBuf {
     let Some(dir) = cache_dir() else {
         return program.to_path_buf();
     };
-    static CHOSEN: Mutex<Option<HashMap<PathBuf, (PathBuf, Instant)>>> = Mutex::new(None);
     let mut chosen = CHOSEN.lock().unwrap_or_else(|p| p.into_inner());
     let chosen = chosen.get_or_insert_with(HashMap::new);
     if let Some((path, checked)) = chosen.get(program)
@@ -391,11 +401,9 @@ fn still_in_huge_folios(path: &Path, blocks: std::ops::Range<u64>) -> bool {
             // the file's size.
             unsafe { std::ptr::read_volatile((aligned + block) as *const u8) };
         }
+        let head = format!("{aligned:x}-");
         match std::fs::read_to_string("/proc/self/smaps") {
-            Ok(smaps) => {
-                let pmd_kb = pmd_mapped_kb_at(&smaps, aligned).unwrap_or(0);
-                pmd_kb * 10 >= (len as u64 / 1024) * 9
-            }
+            Ok(smaps) => mostly_pmd_mapped(&smaps, |header| header.starts_with(&head)),
             Err(_) => true,
         }
     };
@@ -403,21 +411,6 @@ fn still_in_huge_folios(path: &Path, blocks: std::ops::Range<u64>) -> bool {
     // function's own.
     unsafe { libc::munmap(reserved, len + huge) };
     verdict
-}
-
-/// `FilePmdMapped` of the mapping that starts at `start` in `smaps`.
-fn pmd_mapped_kb_at(smaps: &str, start: usize) -> Option<u64> {
-    let head = format!("{start:x}-");
-    let mut lines = smaps.lines().skip_while(|line| !line.starts_with(&head));
-    lines.next()?;
-    lines
-        .take_while(|line| {
-            line.split_whitespace()
-                .next()
-                .is_some_and(|f| f.ends_with(':'))
-        })
-        .find_map(|line| line.strip_prefix("FilePmdMapped:"))
-        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
 }
 
 /// Whether `program` is this process's binary and its code is already
@@ -440,8 +433,18 @@ fn own_code_on_huge_pages(program: &Path) -> bool {
 /// Whether, in `smaps` (as `/proc/self/smaps` gives it), the executable
 /// mappings of `path` are at least nine tenths mapped with 2 MiB pages.
 fn code_mostly_pmd_mapped(smaps: &str, path: &str) -> bool {
-    let (mut code_kb, mut pmd_kb) = (0u64, 0u64);
-    let mut in_code = false;
+    mostly_pmd_mapped(smaps, |header| {
+        let perms = header.split_whitespace().nth(1).unwrap_or("");
+        perms.contains('x') && header.ends_with(path)
+    })
+}
+
+/// Whether, in `smaps`, the mappings whose header line `picks` are at
+/// least nine tenths mapped with 2 MiB pages (`FilePmdMapped` against
+/// `Size`); false where it picks none.
+fn mostly_pmd_mapped(smaps: &str, picks: impl Fn(&str) -> bool) -> bool {
+    let (mut size_kb, mut pmd_kb) = (0u64, 0u64);
+    let mut picked = false;
     let kb = |fields: &mut std::str::SplitWhitespace| {
         fields
             .next()
@@ -452,15 +455,14 @@ fn code_mostly_pmd_mapped(smaps: &str, path: &str) -> bool {
         let mut fields = line.split_whitespace();
         let first = fields.next().unwrap_or("");
         if first.contains('-') && !first.ends_with(':') {
-            let perms = fields.next().unwrap_or("");
-            in_code = perms.contains('x') && line.ends_with(path);
-        } else if in_code && first == "Size:" {
-            code_kb += kb(&mut fields);
-        } else if in_code && first == "FilePmdMapped:" {
+            picked = picks(line);
+        } else if picked && first == "Size:" {
+            size_kb += kb(&mut fields);
+        } else if picked && first == "FilePmdMapped:" {
             pmd_kb += kb(&mut fields);
         }
     }
-    code_kb > 0 && pmd_kb * 10 >= code_kb * 9
+    size_kb > 0 && pmd_kb * 10 >= size_kb * 9
 }
 
 #[cfg(test)]
@@ -534,11 +536,20 @@ mod tests {
                      VmFlags: rd ex sh\n\
                      7f0000a00000-7f0000c00000 ---p 00000000 00:00 0\n\
                      Size:               2048 kB\n";
-        assert_eq!(pmd_mapped_kb_at(smaps, 0x7f0000200000), Some(6144));
-        assert_eq!(pmd_mapped_kb_at(smaps, 0x200000), Some(0));
+        let at = |start: usize| {
+            let head = format!("{start:x}-");
+            move |header: &str| header.starts_with(&head)
+        };
+        // 6 of 8 MiB: under nine tenths.
+        assert!(!mostly_pmd_mapped(smaps, at(0x7f0000200000)));
+        assert!(mostly_pmd_mapped(
+            &smaps.replace("6144 kB", "8192 kB"),
+            at(0x7f0000200000)
+        ));
+        assert!(!mostly_pmd_mapped(smaps, at(0x200000)));
         // No such mapping, or one without the field.
-        assert_eq!(pmd_mapped_kb_at(smaps, 0x300000), None);
-        assert_eq!(pmd_mapped_kb_at(smaps, 0x7f0000a00000), None);
+        assert!(!mostly_pmd_mapped(smaps, at(0x300000)));
+        assert!(!mostly_pmd_mapped(smaps, at(0x7f0000a00000)));
     }
 
     /// The kernel can drop a copy's pages from its cache (memory pressure,
