@@ -153,9 +153,13 @@ pub(crate) fn scratch_frame() -> AlignedVec {
 
 /// `frame` in a buffer of its own length; a scratch buffer goes back to
 /// this thread for the next [`scratch_frame`]. A frame that already fits
-/// its buffer is kept as it is.
+/// its buffer is kept as it is, and so is one whose buffer grew past what
+/// a thread keeps as scratch: that buffer would be dropped anyway, and
+/// copying a large frame out of it (a tensor's megabyte chunk) cost more
+/// than the slack it keeps, which is at most the frame's length (buffers
+/// grow to powers of two) and is never written.
 pub(crate) fn compact_frame(frame: AlignedVec) -> AlignedVec {
-    if frame.capacity() < SCRATCH_CAPACITY {
+    if frame.capacity() < SCRATCH_CAPACITY || frame.capacity() > SCRATCH_KEEP {
         return frame;
     }
     let mut exact = AlignedVec::with_capacity(frame.len());
@@ -334,6 +338,34 @@ mod tests {
                 return Ok(frames);
             }
         }
+    }
+
+    /// A frame archived into this thread's scratch buffer leaves in a
+    /// buffer of its own length and the scratch stays for the next one; a
+    /// frame too large for the scratch to be kept leaves in the buffer it
+    /// was archived into, not copied (a tensor chunk of a megabyte).
+    #[test]
+    fn a_large_frame_keeps_its_buffer_and_a_small_one_is_copied_out() {
+        let mut small = scratch_frame();
+        small.extend_from_slice(&[7u8; 5000]);
+        let scratch_at = small.as_ptr();
+        let out = compact_frame(small);
+        assert_eq!(out.len(), HEADER_LEN + 5000);
+        assert_eq!(out.capacity(), out.len());
+        assert_ne!(out.as_ptr(), scratch_at);
+        assert_eq!(
+            scratch_frame().as_ptr(),
+            scratch_at,
+            "the scratch came back"
+        );
+
+        let mut large = scratch_frame();
+        large.extend_from_slice(&vec![9u8; 1 << 20]);
+        let large_at = large.as_ptr();
+        let out = compact_frame(large);
+        assert_eq!(out.as_ptr(), large_at, "not copied");
+        assert_eq!(out.len(), HEADER_LEN + (1 << 20));
+        assert!(out[HEADER_LEN..].iter().all(|&b| b == 9));
     }
 
     #[tokio::test]
