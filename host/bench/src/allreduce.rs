@@ -78,6 +78,10 @@ pub struct AllReduceSettings {
     pub turns: usize,
     /// `TensorMeshOptions::ring_min_bytes`, when not the default.
     pub ring_min_bytes: Option<usize>,
+    /// `TensorMeshOptions::chunk_bytes`, when not the default.
+    pub chunk_bytes: Option<usize>,
+    /// `TensorMeshOptions::window`, when not the default.
+    pub window: Option<usize>,
 }
 
 /// Samples of one measurement, in Gbit/s of bytes moved.
@@ -127,6 +131,10 @@ pub fn run(rt: &Runtime, suite: &str, s: &AllReduceSettings) -> anyhow::Result<(
         floor_ms = format!("{:.1}", moved * 8.0 / floor / 1e6),
         per_rank_gbytes_per_s = format!("{:.2}", s.bytes as f64 * reduce / moved / 8.0),
         ring_min_bytes = options_ring_min_bytes(s),
+        chunk_bytes = s
+            .chunk_bytes
+            .unwrap_or(TensorMeshOptions::default().chunk_bytes),
+        window = s.window.unwrap_or(TensorMeshOptions::default().window),
         "tensor_allreduce_gbps / tensor_allreduce_floor_gbps = {ratio:.2} (target >= 0.5, within 2x of the floor: {}); {RANKS} child procs x {} MiB of f32",
         if ratio >= 0.5 { "met" } else { "NOT met" },
         s.bytes >> 20,
@@ -204,6 +212,12 @@ async fn turns_on(
     let mut options = TensorMeshOptions::default();
     if let Some(bytes) = s.ring_min_bytes {
         options.ring_min_bytes = bytes;
+    }
+    if let Some(bytes) = s.chunk_bytes {
+        options.chunk_bytes = bytes;
+    }
+    if let Some(window) = s.window {
+        options.window = window;
     }
     let mut mesh = TensorMesh::spawn_with(client.clone(), &procs, extent, options)
         .await

@@ -92,6 +92,14 @@ pub struct DataplaneArgs {
     /// tree instead, as the comparisons in docs/benchmarks.md do.
     #[arg(long, value_name = "BYTES")]
     allreduce_ring_min_bytes: Option<usize>,
+    /// Bytes of a chunk the all-reduce moves at a time
+    /// (`TensorMeshOptions::chunk_bytes`; default the mesh's, 1 MiB).
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(4..=(1 << 30)))]
+    allreduce_chunk_bytes: Option<u64>,
+    /// Chunks the all-reduce keeps in flight (`TensorMeshOptions::window`;
+    /// default the mesh's, 4).
+    #[arg(long, value_name = "CHUNKS", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    allreduce_window: Option<u32>,
 }
 
 /// How much the suite does.
@@ -129,6 +137,8 @@ impl Settings {
                     bytes: 8 << 20,
                     turns: 3,
                     ring_min_bytes: None,
+                    chunk_bytes: None,
+                    window: None,
                 },
             }
         } else {
@@ -144,6 +154,8 @@ impl Settings {
                     bytes: 64 << 20,
                     turns: 7,
                     ring_min_bytes: None,
+                    chunk_bytes: None,
+                    window: None,
                 },
             }
         }
@@ -155,6 +167,8 @@ pub fn main(args: DataplaneArgs) -> anyhow::Result<()> {
     let began = Instant::now();
     let mut settings = Settings::new(args.quick);
     settings.allreduce.ring_min_bytes = args.allreduce_ring_min_bytes;
+    settings.allreduce.chunk_bytes = args.allreduce_chunk_bytes.map(|b| b as usize);
+    settings.allreduce.window = args.allreduce_window.map(|w| w as usize);
     tracing::info!(
         quick = args.quick,
         bytes = settings.bytes,

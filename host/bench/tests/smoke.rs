@@ -280,6 +280,25 @@ fn serve_quick_prints_each_metric_once_as_json_and_nothing_else() {
     );
 }
 
+/// A chunk or window the all-reduce cannot run with is refused by name
+/// before anything starts.
+#[test]
+fn dataplane_refuses_a_chunk_or_window_out_of_range() {
+    for (flag, value) in [
+        ("--allreduce-chunk-bytes", "2"),
+        ("--allreduce-window", "0"),
+    ] {
+        let output = Command::new(BIN)
+            .args(["dataplane", "--quick", flag, value])
+            .output()
+            .expect("monarch-bench runs");
+        assert!(!output.status.success(), "{flag} {value} was taken");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(flag), "{stderr}");
+        assert!(output.stdout.is_empty(), "nothing measured");
+    }
+}
+
 #[test]
 fn dataplane_quick_prints_each_metric_once_as_json_and_nothing_else() {
     let started = Instant::now();
@@ -298,6 +317,11 @@ fn dataplane_quick_prints_each_metric_once_as_json_and_nothing_else() {
         assert!(stderr.contains("rdma_tcp_gbps / raw_tcp_gbps"), "{stderr}");
         assert!(
             stderr.contains("tensor_allreduce_gbps / tensor_allreduce_floor_gbps"),
+            "{stderr}"
+        );
+        // The line names the chunk and window it ran with: the mesh's.
+        assert!(
+            stderr.contains("chunk_bytes=1048576") && stderr.contains("window=4"),
             "{stderr}"
         );
         if !gpu {
