@@ -124,17 +124,16 @@ pub fn run(rt: &Runtime, suite: &str, s: &AllReduceSettings) -> anyhow::Result<(
         Rate::Gbps,
     )?;
     let ratio = reduce / floor;
+    let options = mesh_options(s);
     let moved = moved_bytes(s.bytes) as f64;
     tracing::info!(
         over_floor = format!("{:.2}", ratio),
         all_reduce_ms = format!("{:.1}", moved * 8.0 / reduce / 1e6),
         floor_ms = format!("{:.1}", moved * 8.0 / floor / 1e6),
         per_rank_gbytes_per_s = format!("{:.2}", s.bytes as f64 * reduce / moved / 8.0),
-        ring_min_bytes = options_ring_min_bytes(s),
-        chunk_bytes = s
-            .chunk_bytes
-            .unwrap_or(TensorMeshOptions::default().chunk_bytes),
-        window = s.window.unwrap_or(TensorMeshOptions::default().window),
+        ring_min_bytes = options.ring_min_bytes,
+        chunk_bytes = options.chunk_bytes,
+        window = options.window,
         "tensor_allreduce_gbps / tensor_allreduce_floor_gbps = {ratio:.2} (target >= 0.5, within 2x of the floor: {}); {RANKS} child procs x {} MiB of f32",
         if ratio >= 0.5 { "met" } else { "NOT met" },
         s.bytes >> 20,
@@ -142,10 +141,20 @@ pub fn run(rt: &Runtime, suite: &str, s: &AllReduceSettings) -> anyhow::Result<(
     Ok(())
 }
 
-/// The ring threshold the mesh runs with, for the log.
-fn options_ring_min_bytes(s: &AllReduceSettings) -> usize {
-    s.ring_min_bytes
-        .unwrap_or(TensorMeshOptions::default().ring_min_bytes)
+/// The mesh's options with the settings' ring threshold, chunk and window
+/// where they name one.
+fn mesh_options(s: &AllReduceSettings) -> TensorMeshOptions {
+    let mut options = TensorMeshOptions::default();
+    if let Some(bytes) = s.ring_min_bytes {
+        options.ring_min_bytes = bytes;
+    }
+    if let Some(bytes) = s.chunk_bytes {
+        options.chunk_bytes = bytes;
+    }
+    if let Some(window) = s.window {
+        options.window = window;
+    }
+    options
 }
 
 /// `2 k S`: what a star through the controller carries in one all-reduce.
@@ -209,17 +218,7 @@ async fn turns_on(
         .map_err(|e| anyhow::anyhow!("cannot start {RANKS} tensor procs: {e}"))?;
     let procs: Vec<_> = allocated.iter().map(|a| a.proc.clone()).collect();
     let extent = vec![("ranks".to_string(), RANKS as u32)];
-    let mut options = TensorMeshOptions::default();
-    if let Some(bytes) = s.ring_min_bytes {
-        options.ring_min_bytes = bytes;
-    }
-    if let Some(bytes) = s.chunk_bytes {
-        options.chunk_bytes = bytes;
-    }
-    if let Some(window) = s.window {
-        options.window = window;
-    }
-    let mut mesh = TensorMesh::spawn_with(client.clone(), &procs, extent, options)
+    let mut mesh = TensorMesh::spawn_with(client.clone(), &procs, extent, mesh_options(s))
         .await
         .context("cannot spawn the tensor workers")?;
     let numel = s.bytes / 4;

@@ -290,16 +290,10 @@ fn forget_older_copies(dir: &Path, name: &str, keep: &str) {
     }
 }
 
-/// Whether the ELF file's executable segment is aligned to 2 MiB (its
-/// address and its offset in the file agree modulo 2 MiB) and spans at
-/// least one whole huge page.
-pub fn code_aligned_to_huge_pages(file: &mut File) -> std::io::Result<bool> {
-    Ok(huge_code_blocks(file)?.is_some())
-}
-
-/// The bytes of the file, from and to a multiple of 2 MiB, that 2 MiB
+/// The bytes of the ELF file, from and to a multiple of 2 MiB, that 2 MiB
 /// pages map of its executable segment, where that segment is aligned to
-/// 2 MiB and spans at least one whole huge page.
+/// 2 MiB (its address and its offset in the file agree modulo 2 MiB) and
+/// spans at least one whole huge page; `None` where it is not.
 fn huge_code_blocks(file: &mut File) -> std::io::Result<Option<std::ops::Range<u64>>> {
     let mut header = [0u8; 64];
     if file.read(&mut header)? < header.len() || &header[..4] != b"\x7fELF" {
@@ -496,7 +490,9 @@ mod tests {
             bytes.iter().map(|&b| b as u64).sum::<u64>()
         ));
         std::fs::write(&path, bytes).unwrap();
-        let result = code_aligned_to_huge_pages(&mut File::open(&path).unwrap()).unwrap();
+        let result = huge_code_blocks(&mut File::open(&path).unwrap())
+            .unwrap()
+            .is_some();
         let _ = std::fs::remove_dir_all(&dir);
         result
     }
