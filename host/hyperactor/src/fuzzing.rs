@@ -116,7 +116,7 @@ pub fn check_envelope(body: &[u8]) -> Result<(), FrameError> {
         rkyv::deserialize::<PortId, rancor::Error>(&envelope.dest).map_err(invalid)?;
     let _sender: ActorId =
         rkyv::deserialize::<ActorId, rancor::Error>(&envelope.sender).map_err(invalid)?;
-    if let Some(port) = envelope.return_port.as_ref() {
+    if let Some(port) = envelope.return_port.as_deref() {
         rkyv::deserialize::<PortId, rancor::Error>(port).map_err(invalid)?;
     }
     let _type_name: &str = envelope.message_type.as_str();
@@ -131,10 +131,11 @@ pub fn check_envelope(body: &[u8]) -> Result<(), FrameError> {
             let _ = Vec::<u64>::decode(bytes);
         }
         ArchivedBody::Failure(failure) => {
-            rkyv::deserialize::<DeliveryFailure, rancor::Error>(failure).map_err(invalid)?;
+            rkyv::deserialize::<DeliveryFailure, rancor::Error>(failure.get()).map_err(invalid)?;
         }
         ArchivedBody::Undeliverable(undeliverable) => {
-            rkyv::deserialize::<Undeliverable, rancor::Error>(undeliverable).map_err(invalid)?;
+            rkyv::deserialize::<Undeliverable, rancor::Error>(undeliverable.get())
+                .map_err(invalid)?;
         }
     }
     Ok(())

@@ -16,6 +16,7 @@ use std::any::type_name;
 use rkyv::Place;
 use rkyv::api::high::{HighDeserializer, HighSerializer, HighValidator};
 use rkyv::bytecheck::CheckBytes;
+use rkyv::niche::option_box::{ArchivedOptionBox, OptionBoxResolver};
 use rkyv::rancor::{self, Fallible};
 use rkyv::ser::Writer;
 use rkyv::ser::allocator::ArenaHandle;
@@ -24,7 +25,7 @@ use rkyv::util::AlignedVec;
 use rkyv::with::{ArchiveWith, DeserializeWith, SerializeWith};
 
 use crate::failure::{DeliveryFailure, Undeliverable};
-use crate::id::{ActorId, PortId};
+use crate::id::{ActorId, ArchivedPortId, PortId};
 use crate::mailbox::TypeName;
 
 /// A value that can be sent to an actor in the same proc or another one.
@@ -94,10 +95,12 @@ pub(crate) enum Body {
         /// Its length.
         len: u32,
     },
-    /// A failure for a call's reply port.
-    Failure(DeliveryFailure),
+    /// A failure for a call's reply port. Boxed, as is the next: archived
+    /// inline, the largest variant sets the size of every body, and a
+    /// message's would carry a few hundred bytes of padding.
+    Failure(Box<DeliveryFailure>),
     /// A message returned to its sender's mailbox.
-    Undeliverable(Undeliverable),
+    Undeliverable(Box<Undeliverable>),
 }
 
 /// What travels between procs: a message with its addressing.
@@ -107,7 +110,10 @@ pub(crate) struct Envelope {
     pub(crate) sender: ActorId,
     /// Where it goes.
     pub(crate) dest: PortId,
-    /// The port waiting for a reply to this message, to fail if it is not delivered.
+    /// The port waiting for a reply to this message, to fail if it is not
+    /// delivered. Archived out of line: a reply, which has none, then
+    /// carries four bytes rather than a port's worth of padding.
+    #[rkyv(with = OutOfLine)]
     pub(crate) return_port: Option<PortId>,
     /// The Rust type of the message, for error messages: archived as a
     /// string, sent from the sender's static name without a copy.
@@ -115,6 +121,51 @@ pub(crate) struct Envelope {
     pub(crate) message_type: TypeName,
     /// The message or failure.
     pub(crate) body: Body,
+}
+
+/// Archives an `Option<PortId>` as a relative pointer to the port, null for
+/// `None` (rkyv's archived `Option<Box<_>>`), without a box on either side.
+pub(crate) struct OutOfLine;
+
+impl ArchiveWith<Option<PortId>> for OutOfLine {
+    type Archived = ArchivedOptionBox<ArchivedPortId>;
+    type Resolver = OptionBoxResolver;
+
+    fn resolve_with(
+        field: &Option<PortId>,
+        resolver: OptionBoxResolver,
+        out: Place<Self::Archived>,
+    ) {
+        ArchivedOptionBox::resolve_from_option(field.as_ref(), resolver, out);
+    }
+}
+
+impl<S: Fallible + Writer + ?Sized> SerializeWith<Option<PortId>, S> for OutOfLine
+where
+    PortId: rkyv::Serialize<S>,
+{
+    fn serialize_with(
+        field: &Option<PortId>,
+        serializer: &mut S,
+    ) -> Result<OptionBoxResolver, S::Error> {
+        ArchivedOptionBox::serialize_from_option(field.as_ref(), serializer)
+    }
+}
+
+impl<D: Fallible + ?Sized> DeserializeWith<ArchivedOptionBox<ArchivedPortId>, Option<PortId>, D>
+    for OutOfLine
+where
+    ArchivedPortId: rkyv::Deserialize<PortId, D>,
+{
+    fn deserialize_with(
+        field: &ArchivedOptionBox<ArchivedPortId>,
+        deserializer: &mut D,
+    ) -> Result<Option<PortId>, D::Error> {
+        field
+            .as_deref()
+            .map(|port| rkyv::Deserialize::deserialize(port, deserializer))
+            .transpose()
+    }
 }
 
 /// Archives a [`TypeName`] as the string it names (the same bytes as a
@@ -179,6 +230,48 @@ mod tests {
     fn garbage_does_not_decode() {
         assert!(Sample::decode(&[0xff; 24]).is_err());
         assert!(Sample::decode(&[]).is_err());
+    }
+
+    fn envelope(return_port: Option<PortId>) -> Envelope {
+        let proc: crate::ProcId = "unix:/tmp/monarch-bench-4683/worker.sock,worker"
+            .parse()
+            .unwrap();
+        let sender = proc.actor_id("driver", 0).unwrap();
+        Envelope {
+            dest: proc.actor_id("echo", 0).unwrap().port_id(7),
+            return_port,
+            message_type: TypeName::Static("alloc::vec::Vec<u8>"),
+            body: Body::Message { offset: 0, len: 0 },
+            sender,
+        }
+    }
+
+    /// A message's envelope is its ids and type name with little else: the
+    /// rare failure bodies and an absent return port are not padded into
+    /// every frame (they made a reply's envelope 544 bytes, not 304).
+    #[test]
+    fn a_message_envelope_carries_no_padding_for_what_it_lacks() {
+        let reply = encode_envelope(&envelope(None), AlignedVec::new()).unwrap();
+        assert!(
+            reply.len() <= 240,
+            "a reply's envelope is {} bytes",
+            reply.len()
+        );
+        let port = envelope(None).sender.port_id(3);
+        let call = encode_envelope(&envelope(Some(port.clone())), AlignedVec::new()).unwrap();
+        assert!(
+            call.len() <= reply.len() + 128,
+            "a call's envelope is {} bytes, a reply's {}",
+            call.len(),
+            reply.len()
+        );
+        let archived = rkyv::access::<ArchivedEnvelope, rancor::Error>(&call).unwrap();
+        let back: PortId =
+            rkyv::deserialize::<PortId, rancor::Error>(archived.return_port.as_deref().unwrap())
+                .unwrap();
+        assert_eq!(back, port);
+        let archived = rkyv::access::<ArchivedEnvelope, rancor::Error>(&reply).unwrap();
+        assert!(archived.return_port.as_deref().is_none());
     }
 
     #[test]

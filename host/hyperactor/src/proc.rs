@@ -853,9 +853,13 @@ impl Proc {
             reason: failure.clone(),
         };
         let to = meta.sender.port_id(UNDELIVERABLE_PORT);
-        self.post_failure(&to, &meta.dest, Body::Undeliverable(undeliverable));
+        self.post_failure(
+            &to,
+            &meta.dest,
+            Body::Undeliverable(Box::new(undeliverable)),
+        );
         if let Some(return_port) = &meta.return_port {
-            self.post_failure(return_port, &meta.dest, Body::Failure(failure));
+            self.post_failure(return_port, &meta.dest, Body::Failure(Box::new(failure)));
         }
     }
 
@@ -865,8 +869,8 @@ impl Proc {
         if let Some(proc) = self.in_process(actor) {
             if let Some(entry) = proc.lookup(actor.name(), actor.rank()) {
                 match body {
-                    Body::Failure(failure) => entry.fail(to.index(), failure),
-                    Body::Undeliverable(undeliverable) => entry.undeliverable(undeliverable),
+                    Body::Failure(failure) => entry.fail(to.index(), *failure),
+                    Body::Undeliverable(undeliverable) => entry.undeliverable(*undeliverable),
                     Body::Message { .. } => {}
                 }
             }
@@ -1096,7 +1100,7 @@ impl Proc {
                     .checked_add(len.to_native() as usize)
                     .and_then(|end| body.get(start..end))
                     .ok_or_else(|| FrameError::Invalid("message outside its frame".into()))?;
-                let return_port = match envelope.return_port.as_ref() {
+                let return_port = match envelope.return_port.as_deref() {
                     Some(port) => Some(decode_port(port)?),
                     None => None,
                 };
@@ -1123,12 +1127,12 @@ impl Proc {
             }
             ArchivedBody::Failure(failure) => {
                 if let Some(entry) = entry {
-                    entry.fail(dest.index(), decode(failure)?);
+                    entry.fail(dest.index(), decode(failure.get())?);
                 }
             }
             ArchivedBody::Undeliverable(undeliverable) => {
                 if let Some(entry) = entry {
-                    entry.undeliverable(decode(undeliverable)?);
+                    entry.undeliverable(decode(undeliverable.get())?);
                 }
             }
         }

@@ -8,7 +8,7 @@
 //! | --- | --- |
 //! | 0..4 | body length, u32 little-endian |
 //! | 4..6 | magic `0x484d` ("MH") |
-//! | 6 | protocol version, 1 |
+//! | 6 | protocol version, 2 (version 1 archived an envelope's failure bodies and return port inline) |
 //! | 7 | kind: 1 hello, 2 data, 3 ack |
 //! | 8..16 | u64 little-endian: session id (hello), sequence number (data), highest sequence delivered (ack) |
 //!
@@ -31,7 +31,7 @@ use super::transport::ReadHalf;
 /// Size of the frame header.
 pub(crate) const HEADER_LEN: usize = 16;
 const MAGIC: u16 = 0x484d;
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 const INITIAL_BUFFER: usize = 256 * 1024;
 
 /// What a frame carries.
@@ -56,8 +56,10 @@ pub enum FrameError {
     /// The header's magic bytes are wrong: the peer does not speak this protocol.
     #[error("bad magic {0:#06x}: the peer does not speak the monarch-host frame protocol")]
     BadMagic(u16),
-    /// The protocol version is not 1.
-    #[error("unsupported frame protocol version {0}")]
+    /// The protocol version is not this build's.
+    #[error(
+        "unsupported frame protocol version {0} (this build speaks version 2: run the same monarch-host build on both ends)"
+    )]
     BadVersion(u8),
     /// The kind byte is unknown, or the kind does not fit the place it came in.
     #[error("unexpected frame kind {0}")]
@@ -422,10 +424,10 @@ mod tests {
         ));
 
         let mut version = small_frame(FrameKind::Data, 1, &[]);
-        version[6] = 2;
+        version[6] = 1;
         assert!(matches!(
             read_all(version, 1 << 20).await,
-            Err(FrameError::BadVersion(2))
+            Err(FrameError::BadVersion(1))
         ));
     }
 
