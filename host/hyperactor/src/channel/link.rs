@@ -41,7 +41,9 @@
 //!   connection came back within `ADOPT_GRACE`. When both procs dialed,
 //!   the connection dialed by the smaller proc id stays and the other is
 //!   closed, so a pair ends with one connection and a partition is
-//!   noticed once. Every frame written on a connection, acknowledgements
+//!   noticed once; this holds too when the smaller proc's own dial
+//!   completes after it adopted the larger's connection (it keeps its
+//!   own, as the larger will). Every frame written on a connection, acknowledgements
 //!   included, goes through the link that owns it ([`Link::control`]), so
 //!   frames never interleave.
 //! - LK-10: on a connection both directions share, the reader offers its
@@ -211,6 +213,9 @@ struct LinkState<T> {
     conn: Option<Arc<WriteHalf>>,
     /// Who opened `conn`.
     origin: Origin,
+    /// Whether the peer whose connection `conn` is, when adopted, has the
+    /// smaller proc id: then that connection is the one both keep.
+    adopted_from_smaller: bool,
     generation: u64,
     /// Whether the link reconnects as soon as its connection is lost: a
     /// link opened to send does, until it adopts a connection (LK-9).
@@ -308,6 +313,7 @@ impl<T: Send + 'static> Link<T> {
                 over_window: false,
                 conn: None,
                 origin: Origin::Dialed,
+                adopted_from_smaller: false,
                 generation: 0,
                 dials,
                 out: VecDeque::new(),
@@ -560,6 +566,7 @@ impl<T: Send + 'static> Link<T> {
             old.abort();
         }
         st.origin = Origin::Adopted;
+        st.adopted_from_smaller = peer_is_smaller;
         st.dials = false;
         self.install(&mut st, connected_before);
         st.out.push_front(self.hello.clone());
@@ -760,10 +767,24 @@ impl<T: Send + 'static> Link<T> {
                     return;
                 }
                 if st.conn.is_some() {
-                    // The peer's connection came first and was adopted.
-                    drop(st);
-                    wr.abort();
-                    continue;
+                    if st.origin == Origin::Adopted && !st.adopted_from_smaller {
+                        // The peer's connection came first and was adopted,
+                        // but this proc has the smaller id: the peer keeps
+                        // this one when it arrives, and drops its own, so
+                        // this link does too (LK-9). Keeping the adopted
+                        // one would leave both ends holding a connection
+                        // the other closed, each waiting for the other to
+                        // dial.
+                        if let Some(adopted) = st.conn.take() {
+                            adopted.abort();
+                        }
+                        st.dials = true;
+                    } else {
+                        // The peer's connection came first and was adopted.
+                        drop(st);
+                        wr.abort();
+                        continue;
+                    }
                 }
                 let connected_before = st.generation > 0;
                 st.generation += 1;
@@ -851,7 +872,7 @@ impl<T: Send + 'static> Link<T> {
             tokio::pin!(wake);
             wake.as_mut().enable();
             let (conn, waiting_writable) = {
-                let st = self.state.lock();
+                let mut st = self.state.lock();
                 if st.dead {
                     return Served::Lost("the link ended".into());
                 }
@@ -863,6 +884,14 @@ impl<T: Send + 'static> Link<T> {
                 };
                 if st.broken {
                     return Served::Lost("connection reset".into());
+                }
+                if st.flush_scheduled && !st.waiting_writable {
+                    // Scheduled while this task still tended the connection
+                    // this one replaced, which took the wake-up: written
+                    // now, or it would wait for the next send (LK-4).
+                    st.flush_scheduled = false;
+                    self.flush(st);
+                    continue;
                 }
                 (conn, st.waiting_writable)
             };
@@ -1085,6 +1114,66 @@ mod tests {
             next(&mut reader, &mut rd).await.0.seq,
             4,
             "new frames follow"
+        );
+    }
+
+    /// LK-9 with LK-4: a burst sent just after the link adopts a new
+    /// connection, before its task has left the one it dialed, is written
+    /// on the new connection (the wake-up it sent went to the task while
+    /// it still tended the old one, and was lost with it).
+    #[tokio::test]
+    async fn lk9_a_burst_sent_as_a_connection_is_adopted_is_written_on_it() {
+        let addr: ChannelAddr = "local:link-test-adopt-burst".parse().unwrap();
+        let (mut listener, _) = Listener::bind(&addr).await.unwrap();
+        let link = Link::new(
+            addr.clone(),
+            9,
+            "tester",
+            LinkConfig {
+                delivery_timeout: Duration::from_secs(10),
+                window_bytes: 1 << 20,
+                dials: true,
+            },
+            Arc::default(),
+            Box::new(|_: &ChannelAddr, _: Vec<u8>, _| {}),
+            ack_reader(),
+        );
+        tokio::spawn(link.clone().run());
+        link.send(data(1), 1).map_err(|_| ()).unwrap();
+        let (mut dialed_rd, _dialed_wr) = listener.accept().await.unwrap().into_split().unwrap();
+        let mut reader = FrameReader::new(1 << 20);
+        assert_eq!(
+            next(&mut reader, &mut dialed_rd).await.0.kind,
+            FrameKind::Hello
+        );
+        assert_eq!(next(&mut reader, &mut dialed_rd).await.0.seq, 1);
+
+        // The peer's connection: this end is adopted, the other read here.
+        let ours = transport::connect(&addr).await.unwrap();
+        let (mut peer_rd, _peer_wr) = listener.accept().await.unwrap().into_split().unwrap();
+        let (_ours_rd, ours_wr) = ours.into_split().unwrap();
+        // No await between these: the link's task has not run since.
+        assert!(link.adopt(Arc::new(ours_wr), true).is_some());
+        corked(|| link.send(data(2), 2)).map_err(|_| ()).unwrap();
+
+        let mut reader = FrameReader::new(1 << 20);
+        let read = async {
+            let mut seqs = Vec::new();
+            while seqs.len() < 2 {
+                let (header, _) = next(&mut reader, &mut peer_rd).await;
+                if header.kind == FrameKind::Data {
+                    seqs.push(header.seq);
+                }
+            }
+            seqs
+        };
+        let seqs = tokio::time::timeout(Duration::from_secs(2), read)
+            .await
+            .expect("the burst was never written on the adopted connection");
+        assert_eq!(
+            seqs,
+            vec![1, 2],
+            "the unacknowledged frame again, then the burst"
         );
     }
 
