@@ -1046,6 +1046,29 @@ mod tests {
         })
     }
 
+    /// A dialing link to `addr` as the tests use it: session `session`,
+    /// hello "tester", a window of 1 MiB, and `on_dead` told of its death.
+    fn test_link(
+        addr: &ChannelAddr,
+        session: u64,
+        delivery_timeout: Duration,
+        on_dead: impl Fn(&ChannelAddr, Vec<u8>, String) + Send + Sync + 'static,
+    ) -> Arc<Link<u8>> {
+        Link::new(
+            addr.clone(),
+            session,
+            "tester",
+            LinkConfig {
+                delivery_timeout,
+                window_bytes: 1 << 20,
+                dials: true,
+            },
+            Arc::default(),
+            Box::new(on_dead),
+            ack_reader(),
+        )
+    }
+
     async fn next(reader: &mut FrameReader, rd: &mut ReadHalf) -> (FrameHeader, Vec<u8>) {
         loop {
             if let Some((header, body)) = reader.next_frame().unwrap() {
@@ -1060,20 +1083,13 @@ mod tests {
         let addr: ChannelAddr = "local:link-test-resend".parse().unwrap();
         let (mut listener, _) = Listener::bind(&addr).await.unwrap();
         let (dead_tx, _dead_rx) = mpsc::unbounded_channel();
-        let link = Link::new(
-            addr.clone(),
+        let link = test_link(
+            &addr,
             42,
-            "tester",
-            LinkConfig {
-                delivery_timeout: Duration::from_secs(10),
-                window_bytes: 1 << 20,
-                dials: true,
-            },
-            Arc::default(),
-            Box::new(move |_: &ChannelAddr, undelivered: Vec<u8>, _| {
+            Duration::from_secs(10),
+            move |_, undelivered, _| {
                 let _ = dead_tx.send(undelivered);
-            }),
-            ack_reader(),
+            },
         );
         tokio::spawn(link.clone().run());
         for value in 1..=3u8 {
@@ -1125,19 +1141,7 @@ mod tests {
     async fn lk9_a_burst_sent_as_a_connection_is_adopted_is_written_on_it() {
         let addr: ChannelAddr = "local:link-test-adopt-burst".parse().unwrap();
         let (mut listener, _) = Listener::bind(&addr).await.unwrap();
-        let link = Link::new(
-            addr.clone(),
-            9,
-            "tester",
-            LinkConfig {
-                delivery_timeout: Duration::from_secs(10),
-                window_bytes: 1 << 20,
-                dials: true,
-            },
-            Arc::default(),
-            Box::new(|_: &ChannelAddr, _: Vec<u8>, _| {}),
-            ack_reader(),
-        );
+        let link = test_link(&addr, 9, Duration::from_secs(10), |_, _, _| {});
         tokio::spawn(link.clone().run());
         link.send(data(1), 1).map_err(|_| ()).unwrap();
         let (mut dialed_rd, _dialed_wr) = listener.accept().await.unwrap().into_split().unwrap();
@@ -1181,20 +1185,13 @@ mod tests {
     async fn lk3_a_link_that_cannot_connect_dies_and_returns_every_frame() {
         let addr: ChannelAddr = "local:link-test-nobody".parse().unwrap();
         let (dead_tx, mut dead_rx) = mpsc::unbounded_channel();
-        let link = Link::new(
-            addr,
+        let link = test_link(
+            &addr,
             7,
-            "tester",
-            LinkConfig {
-                delivery_timeout: Duration::from_millis(200),
-                window_bytes: 1 << 20,
-                dials: true,
-            },
-            Arc::default(),
-            Box::new(move |_: &ChannelAddr, undelivered: Vec<u8>, reason| {
+            Duration::from_millis(200),
+            move |_, undelivered, reason| {
                 let _ = dead_tx.send((undelivered, reason));
-            }),
-            ack_reader(),
+            },
         );
         tokio::spawn(link.clone().run());
         for value in 1..=5u8 {
