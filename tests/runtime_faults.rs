@@ -119,7 +119,9 @@ fn header(len: u32, kind: u8, seq: u64) -> Vec<u8> {
     let mut h = Vec::with_capacity(16);
     h.extend_from_slice(&len.to_le_bytes());
     h.extend_from_slice(&0x484du16.to_le_bytes());
-    h.push(1);
+    // This build's version: a frame of another is refused at its header,
+    // before any of the faults below could be reached.
+    h.push(hyperactor::channel::PROTOCOL_VERSION);
     h.push(kind);
     h.extend_from_slice(&seq.to_le_bytes());
     h

@@ -31,7 +31,10 @@ use super::transport::ReadHalf;
 /// Size of the frame header.
 pub(crate) const HEADER_LEN: usize = 16;
 const MAGIC: u16 = 0x484d;
-const VERSION: u8 = 2;
+/// The frame protocol version this build speaks; a frame of any other is
+/// refused ([`FrameError::BadVersion`]).
+pub const PROTOCOL_VERSION: u8 = 2;
+const VERSION: u8 = PROTOCOL_VERSION;
 const INITIAL_BUFFER: usize = 256 * 1024;
 
 /// What a frame carries.

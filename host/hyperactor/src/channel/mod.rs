@@ -20,6 +20,6 @@ pub(crate) mod traffic;
 pub(crate) mod transport;
 
 pub use addr::{AddrParseError, ChannelAddr};
-pub use frame::FrameError;
+pub use frame::{FrameError, PROTOCOL_VERSION};
 pub use link::{ChannelStats, corked};
 pub use traffic::{Traffic, process_traffic};
