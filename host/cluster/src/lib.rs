@@ -285,6 +285,26 @@ pub fn write_token(name: &str) -> Result<PathBuf, ClusterError> {
 }
 
 /// Seconds since the epoch.
+/// Starts `command`, again a few times over 100 ms while its program is
+/// busy (`ETXTBSY`): a program written a moment ago (a wrapper script, an
+/// agent binary just copied) stays busy while any thread's child, forked
+/// before the writer closed it, has not yet exec'd. Other errors, and a
+/// program still busy after that, are returned as they are.
+pub fn spawn_when_ready(
+    command: &mut std::process::Command,
+) -> std::io::Result<std::process::Child> {
+    let mut tries = 0;
+    loop {
+        match command.spawn() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 10 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            spawned => return spawned,
+        }
+    }
+}
+
 pub fn now_unix() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -324,19 +344,18 @@ pub fn command_output_with(
             });
         }
     }
-    let mut child = command
+    command
         .args(args)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => ClusterError::Scheduler(format!(
-                "{program} is not installed here (running {})",
-                shown()
-            )),
-            _ => ClusterError::io(format!("starting {}", shown()))(e),
-        })?;
+        .stderr(std::process::Stdio::piped());
+    let mut child = spawn_when_ready(&mut command).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => ClusterError::Scheduler(format!(
+            "{program} is not installed here (running {})",
+            shown()
+        )),
+        _ => ClusterError::io(format!("starting {}", shown()))(e),
+    })?;
     // Read both pipes on threads, so that a chatty command cannot block.
     let mut stdout = child.stdout.take();
     let mut stderr = child.stderr.take();
@@ -382,4 +401,39 @@ pub fn command_output_with(
         )));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A program still open for writing (as in a child forked while it was
+    /// written) cannot be run; once it is closed, it starts.
+    #[test]
+    fn a_program_busy_for_a_moment_still_starts() {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let dir = std::env::temp_dir().join(format!("spawn-busy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("prog");
+        let mut open = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o755)
+            .open(&script)
+            .unwrap();
+        open.write_all(b"#!/bin/sh\nexit 3\n").unwrap();
+        open.flush().unwrap();
+        let busy = std::process::Command::new(&script).spawn().unwrap_err();
+        assert_eq!(busy.raw_os_error(), Some(libc::ETXTBSY), "{busy}");
+        let closer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            drop(open);
+        });
+        let mut child = spawn_when_ready(&mut std::process::Command::new(&script))
+            .expect("started once the writer closed it");
+        assert_eq!(child.wait().unwrap().code(), Some(3));
+        closer.join().unwrap();
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

@@ -842,9 +842,8 @@ fn start_agent(
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = command
-        .spawn()
-        .map_err(|e| not_started(options, target, e))?;
+    let mut child =
+        crate::spawn_when_ready(&mut command).map_err(|e| not_started(options, target, e))?;
     let prefix = format!("[ssh {}]", target.host);
     let stopping = Arc::new(AtomicBool::new(false));
     let (tx, rx) = mpsc::channel();
@@ -1021,7 +1020,7 @@ fn run(
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = command.spawn()?;
+    let mut child = crate::spawn_when_ready(&mut command)?;
     if let (Some(mut input), Some(mut stdin)) = (input, child.stdin.take()) {
         // A remote failure shows in ssh's status; a broken pipe here adds nothing.
         std::thread::spawn(move || std::io::copy(&mut input, &mut stdin));
