@@ -284,7 +284,6 @@ pub fn write_token(name: &str) -> Result<PathBuf, ClusterError> {
     Ok(path)
 }
 
-/// Seconds since the epoch.
 /// Starts `command`, again a few times over 100 ms while its program is
 /// busy (`ETXTBSY`): a program written a moment ago (a wrapper script, an
 /// agent binary just copied) stays busy while any thread's child, forked
@@ -305,6 +304,7 @@ pub fn spawn_when_ready(
     }
 }
 
+/// Seconds since the epoch.
 pub fn now_unix() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -34,7 +34,6 @@ const MAGIC: u16 = 0x484d;
 /// The frame protocol version this build speaks; a frame of any other is
 /// refused ([`FrameError::BadVersion`]).
 pub const PROTOCOL_VERSION: u8 = 2;
-const VERSION: u8 = PROTOCOL_VERSION;
 const INITIAL_BUFFER: usize = 256 * 1024;
 
 /// What a frame carries.
@@ -61,7 +60,8 @@ pub enum FrameError {
     BadMagic(u16),
     /// The protocol version is not this build's.
     #[error(
-        "unsupported frame protocol version {0} (this build speaks version 2: run the same monarch-host build on both ends)"
+        "unsupported frame protocol version {0} (this build speaks version {ours}: run the same monarch-host build on both ends)",
+        ours = PROTOCOL_VERSION
     )]
     BadVersion(u8),
     /// The kind byte is unknown, or the kind does not fit the place it came in.
@@ -108,7 +108,7 @@ pub(crate) fn write_header(frame: &mut [u8], kind: FrameKind, body_len: usize, s
     let len = u32::try_from(body_len).unwrap_or(u32::MAX);
     frame[0..4].copy_from_slice(&len.to_le_bytes());
     frame[4..6].copy_from_slice(&MAGIC.to_le_bytes());
-    frame[6] = VERSION;
+    frame[6] = PROTOCOL_VERSION;
     frame[7] = kind as u8;
     frame[8..16].copy_from_slice(&seq.to_le_bytes());
 }
@@ -218,7 +218,7 @@ impl FrameReader {
         if magic != MAGIC {
             return Err(FrameError::BadMagic(magic));
         }
-        if h[6] != VERSION {
+        if h[6] != PROTOCOL_VERSION {
             return Err(FrameError::BadVersion(h[6]));
         }
         let kind = match h[7] {

@@ -43,9 +43,9 @@
 //!   closed, so a pair ends with one connection and a partition is
 //!   noticed once; this holds too when the smaller proc's own dial
 //!   completes after it adopted the larger's connection (it keeps its
-//!   own, as the larger will). Every frame written on a connection, acknowledgements
-//!   included, goes through the link that owns it ([`Link::control`]), so
-//!   frames never interleave.
+//!   own, as the larger will). Every frame written on a connection,
+//!   acknowledgements included, goes through the link that owns it
+//!   ([`Link::control`]), so frames never interleave.
 //! - LK-10: on a connection both directions share, the reader offers its
 //!   acknowledgement to the link ([`Link::offer_ack`]), which writes it in
 //!   front of its next data frame, in the same system call; the reader
