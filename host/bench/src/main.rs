@@ -58,12 +58,13 @@
 //! is two queue hand-offs and two task wake-ups. The rates have no floor of
 //! their own; the round-trip floor bounds what a single call could cost.
 //!
-//! Every process of the suite runs a multi-thread tokio runtime with two
-//! worker threads, the size of the machines it is meant for
-//! (`--worker-threads`, `--flavor`). A current-thread runtime was measured
-//! too: it completes about 1.6 times the pipelined calls per second but
-//! its round trips are three to five times slower, so it is not the default
-//! (figures in `docs/benchmarks.md`).
+//! Every process of the suite runs a current-thread tokio runtime, as
+//! `monarch-host` runs every proc (and, by default, its controller):
+//! `--flavor multi-thread --worker-threads N` measures a multi-thread one.
+//! With busy polling a current-thread runtime's round trips are as fast
+//! as or faster than a multi-thread one's, which wakes its idle worker
+//! at every yield of a polling connection (figures in
+//! `docs/benchmarks.md`, "Issue 19 ... 2026-12-07, 07:30").
 //!
 //! The full suite takes about 15 s on two cores; `--quick` runs a few
 //! seconds and is for smoke tests, not for figures.
@@ -435,7 +436,7 @@ enum Suite {
         #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=256))]
         worker_threads: u16,
         /// Tokio scheduler.
-        #[arg(long, value_enum, default_value_t = Flavor::MultiThread)]
+        #[arg(long, value_enum, default_value_t = Flavor::CurrentThread)]
         flavor: Flavor,
         /// Busy-poll window of the proc's connections, in microseconds.
         #[arg(long, default_value_t = DEFAULT_BUSY_POLL_US)]
@@ -478,8 +479,10 @@ struct RuntimeArgs {
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=256))]
     worker_threads: u16,
 
-    /// Tokio scheduler in this process and in each worker process.
-    #[arg(long, value_enum, default_value_t = Flavor::MultiThread)]
+    /// Tokio scheduler in this process and in each worker process. The
+    /// default is the one `monarch-host` runs its procs on (and, with
+    /// `--threads 1`, its default, the controller).
+    #[arg(long, value_enum, default_value_t = Flavor::CurrentThread)]
     flavor: Flavor,
 
     /// How long each proc's connections poll for the next frame before

@@ -1793,6 +1793,9 @@ async fn serve_frames(
             match filled {
                 Some(true) => {
                     pace.came(read_at - started);
+                    // Polling is how this connection's frames come now:
+                    // off the reactor until a wait sleeps again (TR-3).
+                    rd.poll_alone();
                     continue;
                 }
                 Some(false) => {

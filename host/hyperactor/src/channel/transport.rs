@@ -12,6 +12,14 @@
 //!   the next read waits for the reactor, with no `recv` that can only say
 //!   `EAGAIN` (one system call fewer per frame a sleeping peer is woken
 //!   for).
+//! - TR-3: a busy-polling reader takes its socket off the reactor
+//!   ([`ReadHalf::poll_alone`]) and puts it back only when it waits. A
+//!   socket on the reactor has the kernel wake the process's sleeping
+//!   worker (the one parked in `epoll_wait`) for every frame that arrives
+//!   and for every frame the peer reads of ours, though the reader that
+//!   polls reads them itself; that sleeping worker then wakes the other
+//!   one. Off the reactor, a conversation of two polling readers wakes no
+//!   thread at all.
 //!
 //! With TLS installed (`tls::install`), a TCP connection is a `Conn::Tls`
 //! after its handshake: the client's runs in [`connect`], the server's in
@@ -210,14 +218,11 @@ impl Conn {
             Conn::Tls(s, session) => (s.into_std()?.into(), Some(session)),
         };
         let fd = Arc::new(fd);
-        // SAFETY: `SharedFd` keeps the socket open (it holds an `Arc` of
-        // it) and always answers the same descriptor.
-        let read =
-            unsafe { AsyncFd::register_with_interest(SharedFd(fd.clone()), Interest::READABLE)? };
         let tls = tls.map(|session| tls::Session::start(fd.clone(), *session));
         Ok((
             ReadHalf {
-                fd: read,
+                fd: fd.clone(),
+                registered: None,
                 tls: tls.clone(),
             },
             WriteHalf { fd, tls },
@@ -248,11 +253,45 @@ pub(super) fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
 
 /// The reading half of a connection.
 pub(crate) struct ReadHalf {
-    fd: AsyncFd<SharedFd>,
+    fd: Arc<OwnedFd>,
+    /// The socket's registration with the reactor, for reading only
+    /// (TR-1): made by the first read that waits, dropped (taken off the
+    /// reactor) by [`ReadHalf::poll_alone`] (TR-3).
+    registered: Option<AsyncFd<SharedFd>>,
     tls: Option<Arc<tls::Session>>,
 }
 
 impl ReadHalf {
+    /// The socket `fd` on the reactor, registered now if `registered`
+    /// holds no registration.
+    fn registration<'a>(
+        fd: &Arc<OwnedFd>,
+        registered: &'a mut Option<AsyncFd<SharedFd>>,
+    ) -> io::Result<&'a AsyncFd<SharedFd>> {
+        if let Some(registration) = registered {
+            return Ok(registration);
+        }
+        // SAFETY: `SharedFd` keeps the socket open (it holds an `Arc` of
+        // it) and always answers the same descriptor.
+        let registration =
+            unsafe { AsyncFd::register_with_interest(SharedFd(fd.clone()), Interest::READABLE)? };
+        Ok(registered.insert(registration))
+    }
+
+    /// Takes the socket off the reactor until a read waits again (TR-3):
+    /// for a reader that polls with [`ReadHalf::recv_now`], so that what
+    /// arrives wakes no sleeping thread of this process. Nothing is lost:
+    /// the socket's readiness is read afresh when it is registered again.
+    pub(crate) fn poll_alone(&mut self) {
+        self.registered = None;
+    }
+
+    /// Whether the socket is on the reactor now.
+    #[cfg(test)]
+    pub(crate) fn on_reactor(&self) -> bool {
+        self.registered.is_some()
+    }
+
     /// Reads what the socket holds right now with one `recv` system call,
     /// without asking the runtime's reactor first (which only learns of new
     /// bytes when it next polls); `WouldBlock` when nothing is there. For
@@ -269,7 +308,8 @@ impl ReadHalf {
     /// `poll_read` of a TLS connection: plaintext the session holds
     /// first, then the socket when it is readable.
     fn poll_read_tls(
-        &self,
+        fd: &Arc<OwnedFd>,
+        registered: &mut Option<AsyncFd<SharedFd>>,
         session: &tls::Session,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
@@ -278,7 +318,11 @@ impl ReadHalf {
             let guard = if session.buffered() {
                 None
             } else {
-                match self.fd.poll_read_ready(cx) {
+                let registration = match ReadHalf::registration(fd, registered) {
+                    Ok(registration) => registration,
+                    Err(e) => return Poll::Ready(Err(e)),
+                };
+                match registration.poll_read_ready(cx) {
                     Poll::Ready(Ok(guard)) => Some(guard),
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                     Poll::Pending => return Poll::Pending,
@@ -309,10 +353,14 @@ impl AsyncRead for ReadHalf {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if let Some(session) = &this.tls {
-            return this.poll_read_tls(session, cx, buf);
+            return ReadHalf::poll_read_tls(&this.fd, &mut this.registered, session, cx, buf);
         }
+        let registration = match ReadHalf::registration(&this.fd, &mut this.registered) {
+            Ok(registration) => registration,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
         loop {
-            let mut guard = match this.fd.poll_read_ready(cx) {
+            let mut guard = match registration.poll_read_ready(cx) {
                 Poll::Ready(Ok(guard)) => guard,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => return Poll::Pending,
@@ -490,5 +538,49 @@ mod tests {
         b_rd.read_exact(&mut got).await.unwrap();
         writer.await.unwrap().unwrap();
         assert!(got == expected, "the bytes differ");
+    }
+
+    /// What one read of `rd` returns within 5 s; `what` says which read
+    /// hung otherwise.
+    async fn read_within(rd: &mut ReadHalf, what: &str) -> Vec<u8> {
+        let mut buf = [0u8; 16];
+        let wait = std::time::Duration::from_secs(5);
+        let n = tokio::time::timeout(wait, rd.read(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("{what}"))
+            .unwrap();
+        buf[..n].to_vec()
+    }
+
+    /// TR-3: a socket taken off the reactor while its reader polls loses
+    /// nothing: bytes that came meanwhile are read by the next read that
+    /// waits, at once, and a read that waits before bytes come is woken
+    /// by them.
+    #[tokio::test]
+    async fn tr3_a_socket_taken_off_the_reactor_still_wakes_its_reader() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (_a_rd, a_wr) = Conn::Unix(a).into_split().unwrap();
+        let (mut b_rd, _b_wr) = Conn::Unix(b).into_split().unwrap();
+        assert!(!b_rd.on_reactor(), "on the reactor before any read waited");
+
+        a_wr.try_write(b"one").unwrap();
+        assert_eq!(read_within(&mut b_rd, "the first read hung").await, b"one");
+        assert!(b_rd.on_reactor(), "a read that waited left the reactor");
+
+        b_rd.poll_alone();
+        assert!(!b_rd.on_reactor());
+        a_wr.try_write(b"two").unwrap();
+        let what = "bytes that came off the reactor were not seen";
+        assert_eq!(read_within(&mut b_rd, what).await, b"two");
+
+        b_rd.poll_alone();
+        let writer = tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            a_wr.try_write(b"three").unwrap();
+            a_wr
+        });
+        let what = "a read that waited was not woken by the bytes";
+        assert_eq!(read_within(&mut b_rd, what).await, b"three");
+        drop(writer.await.unwrap());
     }
 }
