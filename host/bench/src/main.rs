@@ -64,7 +64,7 @@
 //! With busy polling a current-thread runtime's round trips are as fast
 //! as or faster than a multi-thread one's, which wakes its idle worker
 //! at every yield of a polling connection (figures in
-//! `docs/benchmarks.md`, "Issue 19 ... 2026-12-07, 07:30").
+//! `docs/benchmarks.md`, "Issue 19 ... 2026-12-07, 08:10 UTC").
 //!
 //! The full suite takes about 15 s on two cores; `--quick` runs a few
 //! seconds and is for smoke tests, not for figures.

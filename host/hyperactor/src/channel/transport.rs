@@ -203,11 +203,12 @@ impl Conn {
     /// closes when both are gone, and the write half shuts the socket down
     /// for writing when it is dropped.
     ///
-    /// The socket is registered with the reactor for reading only (TR-1):
-    /// a socket registered for writing too wakes its process every time the
-    /// peer reads and frees room, which on a mesh is once per reply per
-    /// proc. The write half registers a duplicate of the socket only while
-    /// a write waits for room.
+    /// The read half registers the socket with the reactor for reading
+    /// only (TR-1), when a read first waits and again after
+    /// [`ReadHalf::poll_alone`] (TR-3): a socket registered for writing too
+    /// wakes its process every time the peer reads and frees room, which
+    /// on a mesh is once per reply per proc. The write half registers a
+    /// duplicate of the socket only while a write waits for room.
     ///
     /// A TLS connection's halves share its session, which also starts a
     /// task that writes ciphertext a write left behind (TL-4).
