@@ -1807,11 +1807,40 @@ async fn serve_frames(
                 None => {}
             }
         }
-        if let Some(deadline) = ack_deadline
-            && ack_armed.is_none_or(|at| at > deadline)
+        // LK-11: before a wait arms the acknowledgement's timer, the actors
+        // this connection fed have their turn (a poll above gave it; else
+        // one yield, which runs them and the link's writes first), and an
+        // acknowledgement their replies carried needs no timer. An armed
+        // timer bounds the sleep in epoll: the kernel then arms a timer of
+        // its own at every wait and the reader wakes at every deadline,
+        // which a request answered at once never needs.
+        if ack_deadline.is_some()
+            && let Sink::Link(link, generation) = sink
         {
-            ack_timer.as_mut().reset(deadline);
-            ack_armed = Some(deadline);
+            if started.is_none() {
+                tokio::task::yield_now().await;
+            }
+            let carried = link.piggybacked(*generation).min(progress.delivered);
+            if carried > acked {
+                acked = carried;
+                if acked == progress.delivered {
+                    ack_deadline = None;
+                }
+            }
+        }
+        match ack_deadline {
+            Some(deadline) if ack_armed.is_none_or(|at| at > deadline) => {
+                ack_timer.as_mut().reset(deadline);
+                ack_armed = Some(deadline);
+            }
+            Some(_) => {}
+            None if ack_armed.is_some() => {
+                ack_timer
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + Duration::from_secs(3600));
+                ack_armed = None;
+            }
+            None => {}
         }
         tokio::select! {
             biased;
@@ -1829,6 +1858,9 @@ async fn serve_frames(
             }
             _ = ack_timer.as_mut(), if ack_armed.is_some() => {
                 ack_armed = None;
+                if let Some(inner) = weak.upgrade() {
+                    inner.stats.ack_timer_wakes.fetch_add(1, Ordering::Relaxed);
+                }
                 match ack_deadline {
                     // Acknowledged meanwhile, or due later: armed again
                     // before the next wait.
@@ -2193,6 +2225,43 @@ mod tests {
             "acknowledgements written alone: a {}, b {}",
             alone(&a),
             alone(&b)
+        );
+    }
+
+    /// LK-11: a proc that answers each call at once sleeps between calls
+    /// with no acknowledgement timer: its replies carried every
+    /// acknowledgement before it waited, so nothing wakes it until the
+    /// next call. The caller, whose acknowledgement of a reply nothing
+    /// carries within the interval, still writes it alone at its deadline.
+    #[tokio::test]
+    async fn lk11_a_request_answered_at_once_arms_no_acknowledgement_timer() {
+        let config = ProcConfig {
+            ack_interval: Duration::from_millis(5),
+            ..quick()
+        };
+        let (a, b, _, echo_b, client_a, _) = pair_with("lk11", config).await;
+        let wakes = |p: &Proc| p.stats().ack_timer_wakes.load(Ordering::Relaxed);
+        let rounds = 30u32;
+        for round in 0..rounds {
+            let payload = round.to_le_bytes().to_vec();
+            let ping = |reply| Echo {
+                payload: payload.clone(),
+                reply,
+            };
+            assert_eq!(echo_b.call(&client_a, ping).await.unwrap(), payload);
+            tokio::time::sleep(Duration::from_millis(12)).await;
+        }
+        assert_eq!(
+            wakes(&b),
+            0,
+            "the callee woke for its acknowledgement timer {} times in {rounds} calls",
+            wakes(&b)
+        );
+        let alone = a.stats().acks_alone.load(Ordering::Relaxed);
+        assert!(
+            wakes(&a) >= u64::from(rounds / 2) && alone >= u64::from(rounds / 2),
+            "the caller acknowledged the replies alone at their deadlines: {} wakes, {alone} alone",
+            wakes(&a)
         );
     }
 

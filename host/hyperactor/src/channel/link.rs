@@ -54,6 +54,11 @@
 //!   peer is woken for an acknowledgement alone. The interval runs from the
 //!   first frame no data frame has carried: when one carries some, the
 //!   deadline of the rest starts again.
+//! - LK-11: a reader arms its acknowledgement's timer only for what no
+//!   data frame has carried once the actors it fed had their turn, and
+//!   disarms it when one carries the rest: a request answered at once
+//!   leaves its receiver asleep with no timer, so its sleep in epoll has
+//!   no deadline and nothing wakes it before the next request.
 
 use std::collections::VecDeque;
 use std::io;
@@ -131,6 +136,9 @@ pub struct ChannelStats {
     /// Acknowledgements written alone, their deadline passed with no data
     /// frame the other way to carry them (LK-10).
     pub acks_alone: AtomicU64,
+    /// Times a reader woke for its acknowledgement's timer, whether or not
+    /// it then wrote one alone (LK-11).
+    pub ack_timer_wakes: AtomicU64,
 }
 
 /// Settings a link needs.
