@@ -36,6 +36,10 @@
 //!   room: the comm actor's task is not woken for it. It is the same
 //!   delivery as CA-6, and a cast the comm actor has seen before (CA-3)
 //!   still goes to its queue.
+//! - CA-8: a node with a parent or children of its own folds its local
+//!   actors' replies the same way, in the task that delivers each, and
+//!   keeps one timer for all of them (CA-4), dropped with the last reply:
+//!   no task or timer per rank there either.
 //!
 //! A cast's message is shared, not copied, between the children it goes to
 //! ([`SharedBytes`]): each child's frame is archived from the one buffer, and
@@ -694,74 +698,120 @@ impl Handler<Cast> for CommActor {
         state.dead = dead;
         let proc = cx.proc().id().clone();
         let origin_port: PortRef<CastReply> = PortRef::attest(node.origin.clone());
+        let (mode, mesh, deadline) = (node.mode, node.mesh.clone(), node.deadline);
+        let (endpoint, message) = (node.endpoint.clone(), node.message.clone());
+        let (handler_timeout_ms, traced) = (node.handler_timeout_ms, node.trace.is_some());
+        state.pending.insert(key.clone(), (node, cast.parent));
+        // A rank's reply may be folded at once (its call failing as it is
+        // posted), and folding takes the lock.
+        drop(state);
+        // CA-8: each local actor's reply is folded in the task that
+        // delivers it; one timer for the node ends what is unanswered at
+        // the deadline (CA-4), and goes when the last reply is in.
+        let left = Arc::new(std::sync::atomic::AtomicUsize::new(local.len()));
+        let answered = Arc::new(tokio::sync::Notify::new());
+        let mut calls = Vec::with_capacity(local.len());
         for rank in local {
-            let reply = match proc.actor_id(&node.mesh, rank) {
-                Ok(actor) => {
-                    let dest = actor.port_id(handler_port::<MeshCall>());
-                    let (endpoint, message) = (node.endpoint.clone(), node.message.clone());
-                    let (broadcast, handler_timeout_ms) =
-                        (node.mode == CastMode::Broadcast, node.handler_timeout_ms);
-                    Some(cx.start_call(&dest, |reply| MeshCall {
-                        endpoint,
-                        message: message.as_ref().clone(),
-                        broadcast,
-                        handler_timeout_ms,
-                        reply,
-                    }))
-                }
-                Err(e) => {
-                    node.local_left -= 1;
-                    let error = RankError::Invalid(format!("bad mesh name: {e}"));
-                    node.partial.add(node.mode.fold(), rank, Err(error));
-                    None
+            let one_less = {
+                let (left, answered) = (left.clone(), answered.clone());
+                move || {
+                    if left.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+                        answered.notify_one();
+                    }
                 }
             };
-            let Some(reply) = reply else { continue };
+            let actor = match proc.actor_id(&mesh, rank) {
+                Ok(actor) => actor,
+                Err(e) => {
+                    let error = RankError::Invalid(format!("bad mesh name: {e}"));
+                    fold_local(&self.state, cx, &key, None, rank, Err(error), None);
+                    one_less();
+                    continue;
+                }
+            };
+            let dest = actor.port_id(handler_port::<MeshCall>());
+            let took = traced.then(crate::trace::now_ns);
             let (state, mailbox, key) = (self.state.clone(), (**cx).clone(), key.clone());
             let origin_port = origin_port.clone();
-            let mode = node.mode;
-            let traced = node.trace.as_ref().map(|_| crate::trace::now_ns());
+            let (endpoint, message) = (endpoint.clone(), message.as_ref().clone());
+            let then = move |reply| {
+                let result = rank_result(reply);
+                let to_caster = Some((&origin_port, mode));
+                fold_local(&state, &mailbox, &key, to_caster, rank, result, took);
+                one_less();
+            };
+            calls.push(cx.start_call_then(
+                &dest,
+                |reply| MeshCall {
+                    endpoint,
+                    message,
+                    broadcast: mode == CastMode::Broadcast,
+                    handler_timeout_ms,
+                    reply,
+                },
+                then,
+            ));
+        }
+        if left.load(std::sync::atomic::Ordering::Acquire) > 0 {
             tokio::spawn(async move {
-                let result = rank_result(reply.recv_timeout(timeout).await);
-                match mode {
-                    CastMode::Stream => origin_port.send(
-                        &mailbox,
-                        CastReply::Item {
-                            seq: key.1,
-                            rank,
-                            result: result.clone(),
-                        },
-                    ),
-                    CastMode::Broadcast if result.is_err() => origin_port.send(
-                        &mailbox,
-                        CastReply::Item {
-                            seq: key.1,
-                            rank,
-                            result: result.clone(),
-                        },
-                    ),
-                    _ => {}
-                }
-                let mut state = state.lock();
-                let Some((node, _)) = state.pending.get_mut(&key) else {
-                    return;
-                };
-                node.local_left -= 1;
-                if let (Some(start_ns), Some(trace)) = (traced, &mut node.trace) {
-                    took_handler(trace, &node.endpoint, &node.mesh, rank, start_ns, &result);
-                }
-                node.partial.add(mode.fold(), rank, result);
-                if node.complete() {
-                    state.finish(&mailbox, key);
+                tokio::select! {
+                    _ = answered.notified() => {}
+                    _ = tokio::time::sleep_until(deadline) => {
+                        for call in calls {
+                            call.expire(hyperactor::CallError::Timeout(timeout));
+                        }
+                    }
                 }
             });
         }
-        let complete = node.complete();
-        state.pending.insert(key.clone(), (node, cast.parent));
-        if complete {
+        let mut state = self.state.lock();
+        if state
+            .pending
+            .get(&key)
+            .is_some_and(|(node, _)| node.complete())
+        {
             state.finish(cx, key);
         }
         Ok(())
+    }
+}
+
+/// Folds a local actor's result into its node (CA-8): a stream's item (or
+/// a broadcast's error) goes to the caster at once when `origin_port` is
+/// given, and a node whose last rank and subtree this was is finished.
+fn fold_local(
+    state: &Mutex<CommState>,
+    mailbox: &Mailbox,
+    key: &Key,
+    origin_port: Option<(&PortRef<CastReply>, CastMode)>,
+    rank: u32,
+    result: Result<Vec<u8>, RankError>,
+    took: Option<u64>,
+) {
+    if let Some((origin_port, mode)) = origin_port
+        && (mode == CastMode::Stream || (mode == CastMode::Broadcast && result.is_err()))
+    {
+        origin_port.send(
+            mailbox,
+            CastReply::Item {
+                seq: key.1,
+                rank,
+                result: result.clone(),
+            },
+        );
+    }
+    let mut state = state.lock();
+    let Some((node, _)) = state.pending.get_mut(key) else {
+        return;
+    };
+    let mode = node.mode;
+    node.local_left -= 1;
+    if let (Some(start_ns), Some(trace)) = (took, &mut node.trace) {
+        took_handler(trace, &node.endpoint, &node.mesh, rank, start_ns, &result);
+    }
+    node.partial.add(mode.fold(), rank, result);
+    if node.complete() {
+        state.finish(mailbox, key.clone());
     }
 }
 

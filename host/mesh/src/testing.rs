@@ -3,7 +3,8 @@
 //!
 //! Endpoints: `echo` replies with the message; `rank` with the rank;
 //! `fail` replies with an endpoint error; `sleep` waits the message's
-//! milliseconds first; `seq` checks that the numbers it gets count up from
+//! milliseconds first; `stall` never answers on the rank the message
+//! names and answers with the rank elsewhere; `seq` checks that the numbers it gets count up from
 //! 0 and replies with how many came out of order; `count` replies with the
 //! next number `seq` expects; `exit` ends the whole process with the
 //! message's code, `abort` and `segfault` end it by a signal.
@@ -49,6 +50,12 @@ impl Handler<MeshCall> for EchoMeshActor {
             "echo" => Ok(call.message),
             "rank" => Ok(cbor::int(self.rank.into())),
             "fail" => Err(format!("rank {} refuses", self.rank)),
+            "stall" if u64::from(self.rank) == word(&call.message) => {
+                // Holds the call's reply port and never answers.
+                std::mem::forget(call.reply);
+                return Ok(());
+            }
+            "stall" => Ok(cbor::int(self.rank.into())),
             "sleep" => {
                 tokio::time::sleep(std::time::Duration::from_millis(word(&call.message))).await;
                 Ok(Vec::new())
@@ -276,6 +283,43 @@ mod tests {
             (0..n as i128)
                 .map(|r| Ok(cbor::Number::Int(r)))
                 .collect::<Vec<_>>()
+        );
+        assert!(caster.is_idle());
+    }
+
+    /// CA-4, CA-8: a node with a parent and children of its own ends an
+    /// unanswered local call at the cast's deadline, so its subtree's
+    /// answer reaches the caster before the caster's own grace runs out:
+    /// the cast ends at its timeout, with the silent rank's `Timeout`.
+    #[tokio::test]
+    async fn ca8_a_node_deep_in_the_tree_times_out_its_silent_actor() {
+        let (client, target) = mesh(12, 3).await;
+        let mut caster = Caster::new(client.mailbox(), 2);
+        // Rank 10 is on proc 3: under the caster's first child, with
+        // children of its own at fan-out 2.
+        let timeout = Duration::from_millis(400);
+        let started = std::time::Instant::now();
+        let seq = caster.cast(
+            target,
+            "stall",
+            10u64.to_le_bytes().to_vec(),
+            CastMode::Reduce(Reducer::SumI64),
+            timeout,
+        );
+        let outcome = caster.next().await;
+        let took = started.elapsed();
+        assert_eq!(
+            outcome,
+            Some(Outcome::Done {
+                seq,
+                result: Err((10, RankError::Timeout(400)))
+            })
+        );
+        // The caster alone would fail the missing ranks at the timeout
+        // and its grace (250 ms): the node answered first.
+        assert!(
+            took < timeout + Duration::from_millis(200),
+            "the cast ended after {took:?}"
         );
         assert!(caster.is_idle());
     }
