@@ -82,6 +82,9 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const SPIN_SLICE: Duration = Duration::from_micros(5);
 /// CPU pauses between two reads of a busy-polling connection.
 const SPIN_PAUSES: usize = 10;
+/// How far off a connection's acknowledgement timer waits while nothing
+/// needs acknowledging: it is moved, not made anew, for the next deadline.
+const ACK_TIMER_PARKED: Duration = Duration::from_secs(3600);
 /// The longest a busy-polling connection polls (see [`Pace`]).
 const SPIN_MAX: Duration = Duration::from_millis(1);
 /// How long a waiter that lost the CPU while it polled polls only its
@@ -1592,7 +1595,7 @@ async fn serve_frames(
     // and moved on when it fires early: a timer made for each wait would
     // be set and cancelled for every message that a reply then carries
     // the acknowledgement of.
-    let ack_timer = tokio::time::sleep(Duration::from_secs(3600));
+    let ack_timer = tokio::time::sleep(ACK_TIMER_PARKED);
     tokio::pin!(ack_timer);
     let mut ack_armed: Option<tokio::time::Instant> = None;
     let mut pace = Pace::new(config.busy_poll, SPIN_MAX);
@@ -1837,7 +1840,7 @@ async fn serve_frames(
             None if ack_armed.is_some() => {
                 ack_timer
                     .as_mut()
-                    .reset(tokio::time::Instant::now() + Duration::from_secs(3600));
+                    .reset(tokio::time::Instant::now() + ACK_TIMER_PARKED);
                 ack_armed = None;
             }
             None => {}
@@ -2165,6 +2168,17 @@ mod tests {
         );
     }
 
+    /// One call of the LK-10 and LK-11 conversations: `round` goes to the
+    /// echo actor and comes back.
+    async fn echo_round(echo: &ActorRef<EchoActor>, client: &Mailbox, round: u32) {
+        let payload = round.to_le_bytes().to_vec();
+        let ping = |reply| Echo {
+            payload: payload.clone(),
+            reply,
+        };
+        assert_eq!(echo.call(client, ping).await.unwrap(), payload);
+    }
+
     /// LK-10: on a shared connection a call's reply carries the
     /// acknowledgement of the call, and the next call that of the reply:
     /// with a 10 s ack interval, nothing waits for one.
@@ -2176,12 +2190,7 @@ mod tests {
         };
         let (a, b, _, echo_b, client_a, _) = pair_with("lk10", config).await;
         for round in 0..200u32 {
-            let payload = round.to_le_bytes().to_vec();
-            let ping = |reply| Echo {
-                payload: payload.clone(),
-                reply,
-            };
-            assert_eq!(echo_b.call(&client_a, ping).await.unwrap(), payload);
+            echo_round(&echo_b, &client_a, round).await;
             assert_eq!(
                 a.unacked_bytes(),
                 0,
@@ -2209,12 +2218,7 @@ mod tests {
         let (a, b, _, echo_b, client_a, _) = pair_with("lk10-steady", config).await;
         let started = std::time::Instant::now();
         for round in 0..60u32 {
-            let payload = round.to_le_bytes().to_vec();
-            let ping = |reply| Echo {
-                payload: payload.clone(),
-                reply,
-            };
-            assert_eq!(echo_b.call(&client_a, ping).await.unwrap(), payload);
+            echo_round(&echo_b, &client_a, round).await;
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert!(started.elapsed() >= Duration::from_millis(200));
@@ -2243,12 +2247,7 @@ mod tests {
         let wakes = |p: &Proc| p.stats().ack_timer_wakes.load(Ordering::Relaxed);
         let rounds = 30u32;
         for round in 0..rounds {
-            let payload = round.to_le_bytes().to_vec();
-            let ping = |reply| Echo {
-                payload: payload.clone(),
-                reply,
-            };
-            assert_eq!(echo_b.call(&client_a, ping).await.unwrap(), payload);
+            echo_round(&echo_b, &client_a, round).await;
             tokio::time::sleep(Duration::from_millis(12)).await;
         }
         assert_eq!(
@@ -2276,12 +2275,7 @@ mod tests {
         };
         let (a, b, _, echo_b, client_a, _) = pair_with("lk10-alone", config).await;
         for round in 0..20u32 {
-            let payload = round.to_le_bytes().to_vec();
-            let ping = |reply| Echo {
-                payload: payload.clone(),
-                reply,
-            };
-            assert_eq!(echo_b.call(&client_a, ping).await.unwrap(), payload);
+            echo_round(&echo_b, &client_a, round).await;
             tokio::time::sleep(Duration::from_millis(3)).await;
         }
         // The last reply waits for its acknowledgement, which nothing

@@ -708,37 +708,28 @@ impl Handler<Cast> for CommActor {
         // CA-8: each local actor's reply is folded in the task that
         // delivers it; one timer for the node ends what is unanswered at
         // the deadline (CA-4), and goes when the last reply is in.
-        let left = Arc::new(std::sync::atomic::AtomicUsize::new(local.len()));
         let answered = Arc::new(tokio::sync::Notify::new());
         let mut calls = Vec::with_capacity(local.len());
         for rank in local {
-            let one_less = {
-                let (left, answered) = (left.clone(), answered.clone());
-                move || {
-                    if left.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
-                        answered.notify_one();
-                    }
-                }
-            };
             let actor = match proc.actor_id(&mesh, rank) {
                 Ok(actor) => actor,
                 Err(e) => {
                     let error = RankError::Invalid(format!("bad mesh name: {e}"));
                     fold_local(&self.state, cx, &key, None, rank, Err(error), None);
-                    one_less();
                     continue;
                 }
             };
             let dest = actor.port_id(handler_port::<MeshCall>());
             let took = traced.then(crate::trace::now_ns);
             let (state, mailbox, key) = (self.state.clone(), (**cx).clone(), key.clone());
-            let origin_port = origin_port.clone();
+            let (origin_port, answered) = (origin_port.clone(), answered.clone());
             let (endpoint, message) = (endpoint.clone(), message.as_ref().clone());
             let then = move |reply| {
                 let result = rank_result(reply);
                 let to_caster = Some((&origin_port, mode));
-                fold_local(&state, &mailbox, &key, to_caster, rank, result, took);
-                one_less();
+                if fold_local(&state, &mailbox, &key, to_caster, rank, result, took) {
+                    answered.notify_one();
+                }
             };
             calls.push(cx.start_call_then(
                 &dest,
@@ -752,7 +743,16 @@ impl Handler<Cast> for CommActor {
                 then,
             ));
         }
-        if left.load(std::sync::atomic::Ordering::Acquire) > 0 {
+        let waiting = {
+            let mut state = self.state.lock();
+            let node = state.pending.get(&key).map(|(node, _)| node);
+            let waiting = node.is_some_and(|node| node.local_left > 0);
+            if node.is_some_and(Node::complete) {
+                state.finish(cx, key);
+            }
+            waiting
+        };
+        if waiting {
             tokio::spawn(async move {
                 tokio::select! {
                     _ = answered.notified() => {}
@@ -764,14 +764,6 @@ impl Handler<Cast> for CommActor {
                 }
             });
         }
-        let mut state = self.state.lock();
-        if state
-            .pending
-            .get(&key)
-            .is_some_and(|(node, _)| node.complete())
-        {
-            state.finish(cx, key);
-        }
         Ok(())
     }
 }
@@ -779,6 +771,7 @@ impl Handler<Cast> for CommActor {
 /// Folds a local actor's result into its node (CA-8): a stream's item (or
 /// a broadcast's error) goes to the caster at once when `origin_port` is
 /// given, and a node whose last rank and subtree this was is finished.
+/// True when the node waits on no local actor any more.
 fn fold_local(
     state: &Mutex<CommState>,
     mailbox: &Mailbox,
@@ -787,7 +780,7 @@ fn fold_local(
     rank: u32,
     result: Result<Vec<u8>, RankError>,
     took: Option<u64>,
-) {
+) -> bool {
     if let Some((origin_port, mode)) = origin_port
         && (mode == CastMode::Stream || (mode == CastMode::Broadcast && result.is_err()))
     {
@@ -802,7 +795,7 @@ fn fold_local(
     }
     let mut state = state.lock();
     let Some((node, _)) = state.pending.get_mut(key) else {
-        return;
+        return true;
     };
     let mode = node.mode;
     node.local_left -= 1;
@@ -810,9 +803,11 @@ fn fold_local(
         took_handler(trace, &node.endpoint, &node.mesh, rank, start_ns, &result);
     }
     node.partial.add(mode.fold(), rank, result);
+    let none_left = node.local_left == 0;
     if node.complete() {
         state.finish(mailbox, key.clone());
     }
+    none_left
 }
 
 impl Handler<CastReply> for CommActor {

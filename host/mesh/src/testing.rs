@@ -3,10 +3,10 @@
 //!
 //! Endpoints: `echo` replies with the message; `rank` with the rank;
 //! `fail` replies with an endpoint error; `sleep` waits the message's
-//! milliseconds first; `stall` never answers on the rank the message
-//! names and answers with the rank elsewhere; `seq` checks that the numbers it gets count up from
-//! 0 and replies with how many came out of order; `count` replies with the
-//! next number `seq` expects; `exit` ends the whole process with the
+//! milliseconds first; `stall` never answers on the rank the message names
+//! and answers with the rank elsewhere; `seq` checks that the numbers it
+//! gets count up from 0 and replies with how many came out of order;
+//! `count` replies with the next number `seq` expects; `exit` ends the whole process with the
 //! message's code, `abort` and `segfault` end it by a signal.
 //!
 //! Numbers in replies are CBOR integers, as the SDKs encode them
