@@ -32,14 +32,22 @@ struct Mesh {
 }
 
 async fn mesh(procs: usize, per_proc: u32) -> Mesh {
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let command = BootstrapCommand {
         program: env!("CARGO_BIN_EXE_mesh-worker").into(),
         args: vec![],
     };
+    mesh_of(command, false, procs, per_proc).await
+}
+
+/// A mesh of `procs` procs started by `command`, forked by its fork server
+/// when `fork` is set.
+async fn mesh_of(command: BootstrapCommand, fork: bool, procs: usize, per_proc: u32) -> Mesh {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let blobs = std::env::temp_dir().join("mesh-procs-blobs");
-    let allocator = LocalAllocator::new(command, Arc::new(echo_registry(blobs))).unwrap();
+    let allocator = LocalAllocator::new(command, Arc::new(echo_registry(blobs)))
+        .unwrap()
+        .with_fork_server(fork);
     let socket = std::env::temp_dir().join(format!("mesh-procs-{}-{n}.sock", std::process::id()));
     let client = MeshClient::new(
         format!("unix:{}", socket.display()).parse().unwrap(),
@@ -329,9 +337,22 @@ async fn ten_thousand_casts_arrive_in_order_through_the_tree() {
 /// AL-1: killing the controller outright takes its procs with it.
 #[test]
 fn no_proc_outlives_a_killed_controller() {
+    no_proc_outlives_a_killed(&["controller", "3"]);
+}
+
+/// AL-1 and FS-1: so it does when its procs were forked by its fork
+/// server, which goes too.
+#[test]
+fn no_forked_proc_outlives_a_killed_controller() {
+    no_proc_outlives_a_killed(&["controller", "3", "fork"]);
+}
+
+/// Starts a stand-in controller with `args`, kills it, and waits for its
+/// procs, and every other process it started, to be gone.
+fn no_proc_outlives_a_killed(args: &[&str]) {
     use std::io::BufRead;
     let mut controller = std::process::Command::new(env!("CARGO_BIN_EXE_mesh-worker"))
-        .args(["controller", "3"])
+        .args(args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -349,13 +370,140 @@ fn no_proc_outlives_a_killed_controller() {
         .collect();
     assert_eq!(pids.len(), 3);
     assert!(pids.iter().all(|&pid| alive(pid)));
+    // Its fork server, if it has one: the parent of its procs.
+    let mut all = pids.clone();
+    all.extend(
+        pids.iter()
+            .map(|&pid| parent(pid))
+            .filter(|&p| p != controller.id()),
+    );
     controller.kill().unwrap();
     controller.wait().unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
-    while pids.iter().any(|&pid| alive(pid)) {
-        assert!(Instant::now() < deadline, "orphans left: {pids:?}");
+    while all.iter().any(|&pid| alive(pid)) {
+        assert!(Instant::now() < deadline, "orphans left: {all:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The parent of process `pid`, from `/proc`.
+fn parent(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let (_, rest) = stat.rsplit_once(')').unwrap();
+    rest.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Process `pid`'s command line, its arguments joined by spaces.
+fn cmdline(pid: u32) -> String {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    raw.split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// AL-5, FS-1, FS-2, FS-5: procs forked by the fork server answer as
+/// started ones; their crashes and exit codes are reported by name, and
+/// their CPU time counted; the server is their parent, and only its own
+/// command line says so.
+#[tokio::test]
+async fn forked_procs_answer_and_end_as_started_ones() {
+    let command = BootstrapCommand {
+        program: env!("CARGO_BIN_EXE_mesh-worker").into(),
+        args: vec![],
+    };
+    let mut mesh = mesh_of(command, true, 3, 2).await;
+    let pids: Vec<u32> = mesh.procs.iter().map(|p| p.pid.unwrap()).collect();
+    let server = parent(pids[0]);
+    assert_ne!(server, std::process::id(), "the procs were not forked");
+    assert!(pids.iter().all(|&pid| parent(pid) == server));
+    assert!(
+        cmdline(server).ends_with("fork-server"),
+        "{}",
+        cmdline(server)
+    );
+    for &pid in &pids {
+        assert!(
+            cmdline(pid).ends_with("mesh-worker"),
+            "a proc reads as the command it runs: {}",
+            cmdline(pid)
+        );
+    }
+    let mut caster = Caster::new(mesh.client.mailbox(), 16);
+    assert_eq!(
+        gather_ranks(&mut mesh, &mut caster).await,
+        (0..6).map(int).collect::<Vec<_>>()
+    );
+    let before = hyperactor_mesh::alloc::ended_procs_cpu();
+    let mut exit = mesh.target.clone();
+    exit.ranks = vec![vec![], vec![2], vec![]];
+    caster.cast(
+        exit,
+        "exit",
+        3u64.to_le_bytes().to_vec(),
+        CastMode::Broadcast,
+        TIMEOUT,
+    );
+    assert_eq!(stopped(&mut mesh).await, "exited with code 3");
+    mesh.client
+        .kill(&mesh.target.procs[2], libc::SIGKILL)
+        .unwrap();
+    assert_eq!(stopped(&mut mesh).await, "killed by signal 9 (SIGKILL)");
+    let after = hyperactor_mesh::alloc::ended_procs_cpu();
+    assert_eq!(
+        after.0 - before.0,
+        2,
+        "each proc that ended is counted once"
+    );
+    assert!(
+        after.1 > before.1,
+        "their CPU time is counted: {before:?} {after:?}"
+    );
+    let mut first = mesh.target.clone();
+    first.procs.truncate(1);
+    first.ranks.truncate(1);
+    let seq = caster.cast(first, "rank", vec![], CastMode::Gather, TIMEOUT);
+    let Outcome::Done { seq: s, result } = next(&mut mesh, &mut caster).await else {
+        panic!("no outcome")
+    };
+    assert_eq!(s, seq);
+    assert_eq!(
+        result.unwrap(),
+        vec![int(0), int(1)],
+        "the survivor answers"
+    );
+}
+
+/// FS-3: a command that does not serve forks still gets its procs, started
+/// as before.
+#[tokio::test]
+async fn a_command_without_a_fork_server_starts_its_procs_itself() {
+    // A shell that ends at once as a fork server and runs the worker
+    // otherwise.
+    let command = BootstrapCommand {
+        program: "/bin/sh".into(),
+        args: vec![
+            "-c".into(),
+            r#"[ -n "$MONARCH_FORK_SERVER" ] && exit 0; exec "$0""#.into(),
+            env!("CARGO_BIN_EXE_mesh-worker").into(),
+        ],
+    };
+    let started = Instant::now();
+    let mut mesh = mesh_of(command, true, 2, 1).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "falling back took {:?}",
+        started.elapsed()
+    );
+    for proc in &mesh.procs {
+        assert_eq!(parent(proc.pid.unwrap()), std::process::id());
+    }
+    let mut caster = Caster::new(mesh.client.mailbox(), 2);
+    assert_eq!(
+        gather_ranks(&mut mesh, &mut caster).await,
+        vec![int(0), int(1)]
+    );
 }
 
 /// Stopping procs is not a failure: they exit on their own, no failure
@@ -411,5 +559,37 @@ async fn procs_that_outnumber_the_cores_run_as_batch() {
     assert_eq!(
         gather_ranks(&mut mesh, &mut caster).await,
         (0..cores as i64).map(int).collect::<Vec<_>>()
+    );
+}
+
+/// `monarch-host run --fork-server`: the program runs as without it, its
+/// procs forked by the fork server rather than started one by one.
+#[test]
+fn run_with_a_fork_server_forks_its_procs() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_monarch-host-cli"))
+        .args([
+            "run",
+            "--fork-server",
+            env!("GUEST_HELLO"),
+            "--timeout",
+            "120",
+            "--",
+            "4",
+        ])
+        .env(
+            "RUST_LOG",
+            "warn,hyperactor_mesh::fork=debug,hyperactor_mesh::alloc=debug",
+        )
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run monarch-host");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("hello from rank 3 of 4"), "{stdout}");
+    assert!(stderr.contains("fork server started"), "{stderr}");
+    assert!(
+        !stderr.contains("did not fork"),
+        "every proc was forked: {stderr}"
     );
 }

@@ -2,8 +2,11 @@
 //!
 //! - With `MONARCH_BOOTSTRAP` set (started by an allocator): one proc of a
 //!   mesh whose actors are `hyperactor_mesh::testing::EchoMeshActor`s.
-//! - `mesh-worker controller N`: a stand-in controller that starts N child
-//!   procs, prints `PIDS p1 p2 ...` and waits; the no-orphans test kills it.
+//! - With `MONARCH_FORK_SERVER` set: the fork server of such procs
+//!   (`hyperactor_mesh::fork`).
+//! - `mesh-worker controller N [fork]`: a stand-in controller that starts N
+//!   child procs (forked by its fork server with `fork`), prints `PIDS p1
+//!   p2 ...` and waits; the no-orphans tests kill it.
 //! - `mesh-worker agent IP:PORT TOKEN`: a host agent whose procs are
 //!   mesh-workers; prints `AGENT ADDR` and serves until stdin closes.
 
@@ -13,8 +16,17 @@ use hyperactor_mesh::alloc::{Allocator, BootstrapCommand, LocalAllocator, bootst
 use hyperactor_mesh::client::MeshClient;
 use hyperactor_mesh::testing::echo_registry;
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // Started as a fork server (`LocalAllocator::with_fork_server`), this
+    // returns only in each proc it forks, before any runtime exists.
+    hyperactor_mesh::fork::serve_forks();
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(serve())
+}
+
+async fn serve() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -25,9 +37,11 @@ async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("controller") {
         let count: usize = args.get(1).map(|n| n.parse()).transpose()?.unwrap_or(2);
+        let fork = args.get(2).map(String::as_str) == Some("fork");
         let command = BootstrapCommand::current_exe(&[])?;
         let blobs = std::env::temp_dir().join("mesh-worker-blobs");
-        let allocator = LocalAllocator::new(command, Arc::new(echo_registry(blobs)))?;
+        let allocator =
+            LocalAllocator::new(command, Arc::new(echo_registry(blobs)))?.with_fork_server(fork);
         let socket = std::env::temp_dir().join(format!("mesh-ctl-{}.sock", std::process::id()));
         let allocator: Arc<dyn Allocator> = Arc::new(allocator);
         let client = MeshClient::new(

@@ -118,6 +118,9 @@
 //! | `submit_to_first_log_ms` | from sending `POST /v1/jobs` (`hello 2` on a persistent mesh of 2 procs) to the first `event: log` of the job's log stream, opened as the submission returns; median of 21 | ms |
 //! | `jobs_per_s` | `hello 2` jobs on the persistent mesh, 200 of them, 16 in flight (`--submitters`: each submits, follows the log to its end, submits the next); from the first submission to the last end; median of 3 runs | jobs/s |
 //! | `fresh_mesh_jobs_per_s` | the same job with no mesh (2 fresh child procs per job), 40 of them, 4 in flight (`--fresh-submitters`); median of 3 runs | jobs/s |
+//! | `fresh_mesh_proc_cpu_ms` | the CPU time (user and system) of one of those fresh procs from its start to its exit, read as each ends (`hyperactor_mesh::alloc::ended_procs_cpu`): all of a run's, over their number; median of the 3 runs | ms |
+//! | `fresh_mesh_forked_jobs_per_s` | `fresh_mesh_jobs_per_s` with every proc forked by the fork server (`serve --fork-server`, `hyperactor_mesh::fork`) | jobs/s |
+//! | `fresh_mesh_forked_proc_cpu_ms` | `fresh_mesh_proc_cpu_ms` of those forked procs, the fork server's own CPU time shared among them | ms |
 //!
 //! The log (stderr) adds each run's rate, the server's record of how long
 //! jobs queued and ran, `GET /v1/jobs/ID` through the client for scale,
@@ -324,7 +327,9 @@ enum Suite {
     /// submit_to_first_log_ms (median of 21), jobs_per_s (`hello 2` on a
     /// persistent mesh of 2 procs, 200 jobs, 16 in flight; median of 3
     /// runs), fresh_mesh_jobs_per_s (the same on fresh meshes, 40 jobs, 4
-    /// in flight), and the floor http_rtt_us. Needs the example programs:
+    /// in flight), fresh_mesh_proc_cpu_ms (the CPU time of one of their
+    /// procs, start to exit), the same two with procs forked by the fork
+    /// server (fresh_mesh_forked_*), and the floor http_rtt_us. Needs the example programs:
     /// `cd guest-sdk && cargo build --release --target wasm32-wasip2`.
     /// About 8 s on 2 cores.
     Serve(serve::ServeArgs),
@@ -498,6 +503,11 @@ const DEFAULT_BUSY_POLL_US: u64 = 50;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.suite, Suite::Bootstrap) {
+        // A fork server returns here only in each proc it forks (AL-5),
+        // which then reads its environment as a started proc would.
+        hyperactor_mesh::fork::serve_forks();
+    }
     if !matches!(cli.suite, Suite::Bootstrap | Suite::TensorBootstrap) {
         // The controller's code on 2 MiB pages, as `monarch-host run`'s
         // (docs/mesh.md); procs start from the copy anyway.

@@ -327,6 +327,59 @@ impl Suite<'_> {
         Ok(figures)
     }
 
+    /// `runs` runs of fresh-mesh jobs, their procs forked by the fork
+    /// server when `fork` is set: the median rate, and the median CPU time
+    /// of a proc (with the fork server's own, shared among its procs).
+    async fn fresh(
+        &self,
+        client: &ApiClient,
+        fresh: &JobRequest,
+        fork: bool,
+    ) -> anyhow::Result<FreshFigures> {
+        let s = self.settings;
+        let submitters = self.args.fresh_submitters as usize;
+        let procs_a_job: u64 = HELLO_PROCS.parse()?;
+        let mode = if fork { "forked" } else { "started" };
+        // The allocator of each job reads it when the job starts.
+        hyperactor_mesh::alloc::use_fork_server(fork);
+        let mut rates = Vec::new();
+        let mut proc_cpu = Vec::new();
+        for run in 0..s.runs {
+            let before = hyperactor_mesh::alloc::ended_procs_cpu();
+            let servers_before = hyperactor_mesh::fork::servers_cpu();
+            let measured = throughput(client, fresh, s.fresh_jobs, submitters).await;
+            let (rate, ids) = match measured {
+                Ok(measured) => measured,
+                Err(e) => {
+                    hyperactor_mesh::alloc::use_fork_server(false);
+                    return Err(e);
+                }
+            };
+            let procs = s.fresh_jobs as u64 * procs_a_job;
+            let ended = ended_procs_cpu_after(before, procs).await?;
+            let servers = hyperactor_mesh::fork::servers_cpu().saturating_sub(servers_before);
+            let cpu_ms = (ended + servers).as_secs_f64() * 1e3 / procs as f64;
+            tracing::info!(
+                run,
+                procs = mode,
+                jobs = s.fresh_jobs,
+                submitters,
+                rate = format!("{rate:.1}"),
+                proc_cpu_ms = format!("{cpu_ms:.2}"),
+                fork_server_cpu_ms = format!("{:.1}", servers.as_secs_f64() * 1e3),
+                "jobs/s on fresh meshes, and the CPU of each of their procs"
+            );
+            log_phases(client, &ids, &format!("fresh mesh, {mode}")).await?;
+            rates.push(rate);
+            proc_cpu.push(cpu_ms);
+        }
+        hyperactor_mesh::alloc::use_fork_server(false);
+        Ok(FreshFigures {
+            jobs_per_s: median(&rates).context("no fresh-mesh runs")?,
+            proc_cpu_ms: median(&proc_cpu).context("no fresh-mesh runs")?,
+        })
+    }
+
     /// The floor and every job metric, on one server with a persistent
     /// mesh.
     async fn jobs(&self, server: &ServerThread) -> anyhow::Result<JobFigures> {
@@ -406,23 +459,11 @@ impl Suite<'_> {
         }
         let jobs_per_s = median(&rates).context("no throughput runs")?;
 
-        // fresh_mesh_jobs_per_s.
+        // fresh_mesh_jobs_per_s, with each proc started from the program
+        // (the default) and then forked by the fork server (`--fork-server`).
         let fresh_submitters = self.args.fresh_submitters as usize;
-        let mut fresh_rates = Vec::new();
-        for run in 0..s.runs {
-            let (rate, ids) = throughput(&client, &fresh, s.fresh_jobs, fresh_submitters).await?;
-            tracing::info!(
-                run,
-                jobs = s.fresh_jobs,
-                submitters = fresh_submitters,
-                rate = format!("{rate:.1}"),
-                "jobs/s on fresh meshes"
-            );
-            log_phases(&client, &ids, "fresh mesh").await?;
-            fresh_rates.push(rate);
-        }
-        let fresh_per_s = median(&fresh_rates).context("no fresh-mesh runs")?;
-
+        let started = self.fresh(&client, &fresh, false).await?;
+        let forked = self.fresh(&client, &fresh, true).await?;
         // Every job the server recorded succeeded.
         let recorded = client
             .jobs(10_000)
@@ -445,18 +486,63 @@ impl Suite<'_> {
 
         emit(SUITE, "submit_to_first_log_ms", first_log, Unit::Millis)?;
         emit_jobs_per_s("jobs_per_s", jobs_per_s)?;
-        emit_jobs_per_s("fresh_mesh_jobs_per_s", fresh_per_s)?;
+        emit_jobs_per_s("fresh_mesh_jobs_per_s", started.jobs_per_s)?;
+        emit(
+            SUITE,
+            "fresh_mesh_proc_cpu_ms",
+            started.proc_cpu_ms,
+            Unit::Millis,
+        )?;
+        emit_jobs_per_s("fresh_mesh_forked_jobs_per_s", forked.jobs_per_s)?;
+        emit(
+            SUITE,
+            "fresh_mesh_forked_proc_cpu_ms",
+            forked.proc_cpu_ms,
+            Unit::Millis,
+        )?;
         emit(SUITE, "http_rtt_us", floor, Unit::Micros)?;
         Ok(JobFigures {
             http_rtt_us: floor,
             get_job_us: median(&api).unwrap_or(f64::NAN),
             first_log_ms: first_log,
             jobs_per_s,
-            fresh_per_s,
+            fresh_per_s: started.jobs_per_s,
             submitters,
             fresh_submitters,
         })
     }
+}
+
+/// How long the procs of a run's fresh meshes have to end after its last
+/// job did.
+const FRESH_PROCS_END: Duration = Duration::from_secs(30);
+
+/// The CPU time of the `procs` that a run of fresh-mesh jobs started
+/// (this process's allocators count each child's as it ends:
+/// `hyperactor_mesh::alloc::ended_procs_cpu`), once all of them have ended
+/// since `before`.
+async fn ended_procs_cpu_after(before: (u64, Duration), procs: u64) -> anyhow::Result<Duration> {
+    let deadline = Instant::now() + FRESH_PROCS_END;
+    loop {
+        let (ended, cpu) = hyperactor_mesh::alloc::ended_procs_cpu();
+        let ended = ended - before.0;
+        if ended >= procs {
+            return Ok(cpu - before.1);
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "{ended} of the {procs} procs of the fresh-mesh jobs ended within {} s of the last job",
+                FRESH_PROCS_END.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The fresh-mesh figures of one way of starting procs.
+struct FreshFigures {
+    jobs_per_s: f64,
+    proc_cpu_ms: f64,
 }
 
 struct UploadFigure {

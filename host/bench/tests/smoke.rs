@@ -39,13 +39,16 @@ const MESH_METRICS: [(&str, &str); 9] = [
 ];
 
 /// Every metric of the serve suite, with its unit.
-const SERVE_METRICS: [(&str, &str); 7] = [
+const SERVE_METRICS: [(&str, &str); 10] = [
     ("upload_compile_hello_ms", "ms"),
     ("upload_compile_counter_ms", "ms"),
     ("upload_compile_ping_pong_ms", "ms"),
     ("submit_to_first_log_ms", "ms"),
     ("jobs_per_s", "jobs/s"),
     ("fresh_mesh_jobs_per_s", "jobs/s"),
+    ("fresh_mesh_proc_cpu_ms", "ms"),
+    ("fresh_mesh_forked_jobs_per_s", "jobs/s"),
+    ("fresh_mesh_forked_proc_cpu_ms", "ms"),
     ("http_rtt_us", "us"),
 ];
 

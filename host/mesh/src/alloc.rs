@@ -15,11 +15,21 @@
 //!   the signal that killed it.
 //! - AL-3: procs of one request start in parallel; a request fails whole if
 //!   one proc does not come up within the bootstrap timeout.
+//! - AL-4: the CPU time of every child proc that ends is read once it has
+//!   exited and before it is reaped, and added to this process's count
+//!   ([`ended_procs_cpu`]): what a proc costs, from its start to its exit.
+//! - AL-5: with its fork server on ([`LocalAllocator::with_fork_server`],
+//!   [`use_fork_server`]; off by default),
+//!   an allocator forks its children from one started process of the
+//!   bootstrap command ([`crate::fork`]) instead of starting the program
+//!   for each, and starts the program when it cannot; a forked child keeps
+//!   AL-1, AL-2 and AL-4.
 
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use hyperactor::{ChannelAddr, PortRef, Proc, ProcId};
@@ -34,6 +44,16 @@ pub const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The environment variable that carries a child's [`BootstrapConfig`].
 pub const BOOTSTRAP_ENV: &str = "MONARCH_BOOTSTRAP";
+
+/// Whether allocators made from now on fork their children (AL-5).
+static FORK_SERVER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes the [`LocalAllocator`]s this process makes from now on fork their
+/// children from a fork server (AL-5; `monarch-host run --fork-server`,
+/// `serve --fork-server`), or start each from the program (the default).
+pub fn use_fork_server(on: bool) {
+    FORK_SERVER.store(on, Ordering::Relaxed);
+}
 
 /// How long a stopped child has to exit on its own before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(2);
@@ -312,6 +332,8 @@ pub struct LocalAllocator {
     /// Set by `stop_all`: the last child to end removes the socket directory.
     stopped: Arc<std::sync::atomic::AtomicBool>,
     cluster_token: Option<String>,
+    /// Whether children are forked by the fork server (AL-5).
+    fork_server: bool,
 }
 
 impl LocalAllocator {
@@ -336,7 +358,21 @@ impl LocalAllocator {
             children: Arc::default(),
             stopped: Arc::default(),
             cluster_token: None,
+            fork_server: FORK_SERVER.load(Ordering::Relaxed),
         })
+    }
+
+    /// Forks children from one started process of the command, its fork
+    /// server (AL-5, [`crate::fork`]), instead of starting the program for
+    /// each: a fresh proc then skips the program's `execve` and start-up.
+    /// The command must call [`crate::fork::serve_forks`] first thing;
+    /// where the server cannot fork, the program is started as without it.
+    /// The default is [`use_fork_server`]'s. The server stays, as a child
+    /// of this process, until this process ends; the procs are its
+    /// children.
+    pub fn with_fork_server(mut self, on: bool) -> Self {
+        self.fork_server = on;
+        self
     }
 
     /// Children listen on TCP at `ip` (any free port) instead of Unix
@@ -413,6 +449,7 @@ impl Allocator for LocalAllocator {
                 start_child(
                     self.command.clone(),
                     self.run.clone(),
+                    self.fork_server,
                     config,
                     here,
                     stopped.clone(),
@@ -561,6 +598,222 @@ impl Drop for ProcHere {
     }
 }
 
+/// Child procs of this process's allocators that have ended (AL-4), and
+/// the CPU time they used, in nanoseconds.
+static ENDED_PROCS: AtomicU64 = AtomicU64::new(0);
+static ENDED_PROCS_CPU_NS: AtomicU64 = AtomicU64::new(0);
+
+/// How many child procs of this process's allocators have ended, and the
+/// CPU time (user and system, with that of their own children) they used
+/// in all, from each one's start to its exit (AL-4). What a fresh proc
+/// costs is the growth of both over a run of jobs. Procs that remote
+/// agents start are counted in the agent's process; a child whose CPU
+/// could not be read (no `pidfd` on this kernel) is not counted.
+pub fn ended_procs_cpu() -> (u64, Duration) {
+    // The CPU first: a reader that sees a proc counted sees its CPU too.
+    let procs = ENDED_PROCS.load(Ordering::Acquire);
+    let nanos = ENDED_PROCS_CPU_NS.load(Ordering::Acquire);
+    (procs, Duration::from_nanos(nanos))
+}
+
+/// A child's exit, watched through a `pidfd` so that its CPU time can be
+/// read after it exits and before [`tokio::process::Child::wait`] reaps
+/// it (AL-4).
+struct ExitWatch(Option<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>>);
+
+impl ExitWatch {
+    /// Watches `pid`, a child of this process not yet reaped.
+    fn new(pid: u32) -> Self {
+        use std::os::fd::FromRawFd;
+        // SAFETY: pidfd_open(2) takes a pid and flags and returns a new
+        // descriptor or -1; nothing else is touched.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        if fd < 0 {
+            tracing::debug!(pid, error = %std::io::Error::last_os_error(), "no pidfd; the proc's CPU is not counted");
+            return ExitWatch(None);
+        }
+        // SAFETY: `fd` is a descriptor pidfd_open just returned, owned by
+        // nothing else.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as std::os::fd::RawFd) };
+        // SAFETY: the `OwnedFd` moves into the `AsyncFd`, which keeps it
+        // open for as long as it is registered.
+        let watched = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+        };
+        ExitWatch(
+            watched
+                .inspect_err(|e| tracing::debug!(pid, error = %e, "pidfd not watched; the proc's CPU is not counted"))
+                .ok(),
+        )
+    }
+
+    /// Waits for `child` to end and reaps it, counting its CPU time first.
+    async fn wait(
+        &mut self,
+        child: &mut tokio::process::Child,
+    ) -> std::io::Result<std::process::ExitStatus> {
+        if let Some(fd) = &self.0 {
+            // A pidfd is readable once its process has exited. A wait
+            // dropped before then (a stop's timeout) leaves it watched.
+            if fd.readable().await.is_ok() {
+                count_exited(fd);
+            }
+            self.0 = None;
+        }
+        child.wait().await
+    }
+}
+
+/// Adds the CPU time of the exited, unreaped process behind `pidfd` to
+/// [`ended_procs_cpu`].
+fn count_exited(pidfd: &impl std::os::fd::AsRawFd) {
+    /// waitid(2)'s id type for a pidfd (Linux 5.4).
+    const P_PIDFD: libc::c_int = 3;
+    // SAFETY: both are plain C structs that the kernel fills in.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: the raw waitid takes a fifth argument, the rusage to fill;
+    // WNOWAIT leaves the child to be reaped by its `Child`. Both pointers
+    // are valid for the call.
+    let done = unsafe {
+        libc::syscall(
+            libc::SYS_waitid,
+            P_PIDFD,
+            pidfd.as_raw_fd(),
+            &mut info as *mut libc::siginfo_t,
+            libc::WEXITED | libc::WNOWAIT,
+            &mut usage as *mut libc::rusage,
+        )
+    };
+    if done != 0 {
+        return;
+    }
+    let nanos = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
+    count_ended(Duration::from_nanos(
+        nanos(usage.ru_utime) + nanos(usage.ru_stime),
+    ));
+}
+
+/// Counts one ended proc and its CPU time (AL-4).
+fn count_ended(cpu: Duration) {
+    ENDED_PROCS_CPU_NS.fetch_add(cpu.as_nanos() as u64, Ordering::Release);
+    ENDED_PROCS.fetch_add(1, Ordering::Release);
+}
+
+/// A child proc's process: started from the program, or forked by the
+/// fork server (AL-5).
+enum ProcProcess {
+    Started {
+        child: Box<tokio::process::Child>,
+        exit: ExitWatch,
+    },
+    Forked {
+        pid: u32,
+        exit: oneshot::Receiver<crate::fork::ForkedExit>,
+        ended: Option<std::process::ExitStatus>,
+    },
+}
+
+impl ProcProcess {
+    /// Waits for it to end (cancel-safe: a dropped wait can be made again).
+    async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        match self {
+            ProcProcess::Started { child, exit } => exit.wait(child.as_mut()).await,
+            ProcProcess::Forked { ended, exit, .. } => {
+                if let Some(status) = ended {
+                    return Ok(*status);
+                }
+                let reported = exit
+                    .await
+                    .map_err(|_| std::io::Error::other("the fork server ended"))?;
+                count_ended(reported.cpu);
+                use std::os::unix::process::ExitStatusExt;
+                Ok(*ended.insert(std::process::ExitStatus::from_raw(reported.status)))
+            }
+        }
+    }
+
+    /// Sends it SIGKILL.
+    fn start_kill(&mut self) {
+        match self {
+            ProcProcess::Started { child, .. } => {
+                let _ = child.start_kill();
+            }
+            ProcProcess::Forked {
+                pid, ended: None, ..
+            } => {
+                // SAFETY: kill(2) of a child of our fork server not yet
+                // reported ended (so not yet reaped).
+                unsafe { libc::kill(*pid as libc::pid_t, libc::SIGKILL) };
+            }
+            ProcProcess::Forked { .. } => {}
+        }
+    }
+}
+
+/// What a new child proc's process is, and the ends of its stdin and
+/// stdout that this process holds.
+type Launched = (
+    ProcProcess,
+    u32,
+    Box<dyn std::any::Any + Send>,
+    Box<dyn tokio::io::AsyncRead + Unpin + Send>,
+);
+
+/// Starts `program` as a child proc.
+fn launch_started(
+    program: &Path,
+    command: &BootstrapCommand,
+    json: &str,
+) -> std::io::Result<Launched> {
+    let mut child = spawn(program, command, json)?;
+    let pid = child.id().unwrap_or(0);
+    let exit = ExitWatch::new(pid);
+    let stdin = child
+        .stdin
+        .take()
+        .ok_or_else(|| std::io::Error::other("no stdin"))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| std::io::Error::other("no stdout"))?;
+    Ok((
+        ProcProcess::Started {
+            child: Box::new(child),
+            exit,
+        },
+        pid,
+        Box::new(stdin),
+        Box::new(stdout),
+    ))
+}
+
+/// Has the fork server of `program command.args` fork a child proc (AL-5).
+async fn launch_forked(
+    program: &Path,
+    command: &BootstrapCommand,
+    json: &str,
+) -> std::io::Result<Launched> {
+    let server = crate::fork::ForkServer::of(program, &command.args)?;
+    let (stdin_read, stdin_write) = crate::fork::pipe()?;
+    let (stdout_read, stdout_write) = crate::fork::pipe()?;
+    let stderr = std::io::stderr().as_fd().try_clone_to_owned()?;
+    let forked = server
+        .fork(&[(BOOTSTRAP_ENV, json)], [stdin_read, stdout_write, stderr])
+        .await?;
+    let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_read)?;
+    Ok((
+        ProcProcess::Forked {
+            pid: forked.pid,
+            exit: forked.exit,
+            ended: None,
+        },
+        forked.pid,
+        Box::new(stdin_write),
+        Box::new(stdout),
+    ))
+}
+
 /// Starts `program` with `command`'s arguments and the bootstrap `json`.
 fn spawn(
     program: &Path,
@@ -590,6 +843,7 @@ fn spawn(
 fn start_child(
     command: BootstrapCommand,
     run: Option<PathBuf>,
+    fork: bool,
     config: BootstrapConfig,
     here: ProcHere,
     stopped: mpsc::UnboundedSender<MeshEvent>,
@@ -601,32 +855,41 @@ fn start_child(
         let started = std::time::Instant::now();
         let fail = |what: String| AllocError(format!("proc {name}: {what}"));
         let json = serde_json::to_string(&config).map_err(|e| fail(e.to_string()))?;
-        let mut child = match &run {
-            Some(copy) => match spawn(copy, &command, &json) {
-                // The copy went, another thread's child still held it
-                // open for writing when it was made, or the cache
-                // directory's file system does not run programs (`noexec`):
-                // the program itself.
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::ENOENT | libc::ETXTBSY | libc::EACCES | libc::EPERM)
-                    ) =>
-                {
-                    tracing::debug!(copy = %copy.display(), "cannot start the copy of the program: {e}");
-                    spawn(&command.program, &command, &json)
-                }
-                spawned => spawned,
+        let program = run.as_deref().unwrap_or(&command.program);
+        let forked = match fork {
+            true => launch_forked(program, &command, &json)
+                .await
+                .inspect_err(|e| {
+                    tracing::debug!(proc = %name, "the fork server did not fork the proc: {e}; starting it")
+                })
+                .ok(),
+            false => None,
+        };
+        let launched = match forked {
+            Some(forked) => Ok(forked),
+            None => match &run {
+                Some(copy) => match launch_started(copy, &command, &json) {
+                    // The copy went, another thread's child still held it
+                    // open for writing when it was made, or the cache
+                    // directory's file system does not run programs
+                    // (`noexec`): the program itself.
+                    Err(e)
+                        if matches!(
+                            e.raw_os_error(),
+                            Some(libc::ENOENT | libc::ETXTBSY | libc::EACCES | libc::EPERM)
+                        ) =>
+                    {
+                        tracing::debug!(copy = %copy.display(), "cannot start the copy of the program: {e}");
+                        launch_started(&command.program, &command, &json)
+                    }
+                    launched => launched,
+                },
+                None => launch_started(&command.program, &command, &json),
             },
-            None => spawn(&command.program, &command, &json),
-        }
-        .map_err(|e| fail(format!("cannot start {}: {e}", command.program.display())))?;
-        let pid = child.id().unwrap_or(0);
-        let stdin = child.stdin.take();
-        let stdout = child
-            .stdout
-            .take()
-            .ok_or_else(|| fail("no stdout".into()))?;
+        };
+        let (mut child, pid, stdin, stdout) = launched
+            .map_err(|e| fail(format!("cannot start {}: {e}", command.program.display())))?;
+        let stdin = Some(stdin);
         let mut lines = BufReader::new(stdout).lines();
         let ready = tokio::time::timeout(BOOTSTRAP_TIMEOUT, async {
             while let Some(line) = lines.next_line().await? {
@@ -650,7 +913,7 @@ fn start_child(
                 )));
             }
             Err(_) => {
-                let _ = child.start_kill();
+                child.start_kill();
                 return Err(fail(format!(
                     "not ready within {} s",
                     BOOTSTRAP_TIMEOUT.as_secs()
@@ -686,7 +949,7 @@ fn start_child(
                     match tokio::time::timeout(STOP_GRACE, child.wait()).await {
                         Ok(status) => status,
                         Err(_) => {
-                            let _ = child.start_kill();
+                            child.start_kill();
                             child.wait().await
                         }
                     }

@@ -25,6 +25,7 @@ pub mod client;
 pub mod comm;
 pub mod exe;
 pub mod fault;
+pub mod fork;
 pub mod reduce;
 pub mod remote;
 pub mod shape;

@@ -199,6 +199,12 @@ struct RunArgs {
     /// child proc runs on a thread of its own.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
     threads: u16,
+    /// Forks every child proc from one started process, the fork server
+    /// (a child of this one, `monarch-host fork-server` in `ps`, whose
+    /// children the procs are), instead of starting this binary for each:
+    /// each proc then costs about half the CPU to start and stop.
+    #[arg(long, conflicts_with = "in_process")]
+    fork_server: bool,
     /// Component instances one process holds at once: with
     /// --in-process the controller and every actor, else the actors of one
     /// proc. The pool is sized for the program (an interpreter such as
@@ -345,6 +351,7 @@ fn main() -> ExitCode {
         dirs,
         env,
         threads,
+        fork_server,
         max_instances,
         actors,
         no_dumps,
@@ -380,6 +387,7 @@ fn main() -> ExitCode {
         Command::Run(run) => run,
     };
     init_tracing();
+    hyperactor_mesh::alloc::use_fork_server(fork_server);
     monarch_host::progress::enable(false);
     if let Some(dir) = &tls_dir
         && let Err(e) = certs::install(dir)
@@ -628,6 +636,8 @@ fn init_tracing() {
 
 /// A child proc: serves until its parent goes away.
 fn bootstrap() -> ExitCode {
+    // A fork server returns here only in each proc it forks (AL-5).
+    hyperactor_mesh::fork::serve_forks();
     init_tracing();
     if std::env::var_os(IGNORE_SIGTERM_ENV).is_some() {
         // SAFETY: setting a signal's disposition to SIG_IGN.

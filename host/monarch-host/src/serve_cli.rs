@@ -117,6 +117,13 @@ pub struct ServeArgs {
     /// cluster is lost and its procs fail (--cluster).
     #[arg(long, default_value_t = 5.0)]
     heartbeat_timeout: f64,
+    /// Forks every child proc from one started process, the fork server
+    /// (a child of the server, `monarch-host fork-server` in `ps`, whose
+    /// children the procs are), instead of starting this binary for each:
+    /// a fresh mesh's procs then cost about half the CPU and start about
+    /// three times as fast (docs/benchmarks.md, "Fresh meshes").
+    #[arg(long)]
+    fork_server: bool,
 }
 
 fn parse_mesh(text: &str) -> Result<(String, u32), String> {
@@ -238,6 +245,7 @@ fn failed(command: &str, error: String) -> ExitCode {
 
 /// Serves until SIGINT or SIGTERM.
 pub fn serve(args: ServeArgs) -> ExitCode {
+    hyperactor_mesh::alloc::use_fork_server(args.fork_server);
     if let Some(dir) = &args.tls_dir
         && let Err(e) = crate::certs::install(dir)
     {
