@@ -456,3 +456,68 @@ fn an_idle_agent_exits_after_its_idle_exit() {
     assert!(status.success(), "{status}");
     assert!(started.elapsed() >= Duration::from_millis(900));
 }
+
+/// `monarch-host agent --fork-server`: the procs a controller asks it for
+/// are forked by its fork server, and the program runs as without it.
+#[test]
+fn an_agent_with_a_fork_server_forks_its_procs() {
+    use std::io::BufRead;
+    let cli = env!("CARGO_BIN_EXE_monarch-host-cli");
+    let mut agent = std::process::Command::new(cli)
+        .args(["agent", "--listen", "127.0.0.1:0", "--fork-server"])
+        .env("RUST_LOG", "warn,hyperactor_mesh::fork=debug,hyperactor_mesh::alloc=debug,hyperactor_mesh::remote=info")
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start monarch-host agent");
+    let (tx, lines) = std::sync::mpsc::channel();
+    let stderr = agent.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let addr = loop {
+        let line = lines
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the agent says where it serves");
+        if let Some(rest) = line.split("serving on tcp:").nth(1) {
+            break rest
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_string();
+        }
+    };
+    let out = std::process::Command::new(cli)
+        .args(["run", env!("GUEST_HELLO"), "--hosts", &addr, "--", "3"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let _ = agent.kill();
+    let _ = agent.wait();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("hello from rank 2 of 3"), "{stdout}");
+    // The rest of its log, until its stderr closes (its fork server, which
+    // holds it too, dies with it).
+    let mut logged = Vec::new();
+    while let Ok(line) = lines.recv_timeout(Duration::from_secs(10)) {
+        logged.push(line);
+    }
+    assert!(
+        logged.iter().any(|l| l.contains("fork server started")),
+        "{logged:#?}"
+    );
+    assert!(
+        !logged.iter().any(|l| l.contains("did not fork")),
+        "every proc was forked: {logged:#?}"
+    );
+}

@@ -325,6 +325,11 @@ struct AgentArgs {
     /// directory (--tls-dir or $MONARCH_TLS_DIR) wins over it.
     #[arg(long)]
     insecure: bool,
+    /// Forks the procs it starts from one started process, the fork server
+    /// (a child of the agent), instead of starting this binary for each;
+    /// as `run --fork-server`.
+    #[arg(long)]
+    fork_server: bool,
 }
 
 fn main() -> ExitCode {
@@ -809,6 +814,7 @@ fn is_loopback(addr: &hyperactor::ChannelAddr) -> bool {
 /// NODE_FAIL).
 fn agent(args: AgentArgs) -> ExitCode {
     init_tracing();
+    hyperactor_mesh::alloc::use_fork_server(args.fork_server);
     let fail = |e: String| {
         eprintln!("monarch-host agent: error: {e}");
         ExitCode::FAILURE
