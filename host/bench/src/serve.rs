@@ -340,40 +340,39 @@ impl Suite<'_> {
         let submitters = self.args.fresh_submitters as usize;
         let procs_a_job: u64 = HELLO_PROCS.parse()?;
         let mode = if fork { "forked" } else { "started" };
-        // The allocator of each job reads it when the job starts.
+        // The allocator of each job reads it when the job starts; it is
+        // put back however the runs end.
         hyperactor_mesh::alloc::use_fork_server(fork);
-        let mut rates = Vec::new();
-        let mut proc_cpu = Vec::new();
-        for run in 0..s.runs {
-            let before = hyperactor_mesh::alloc::ended_procs_cpu();
-            let servers_before = hyperactor_mesh::fork::servers_cpu();
-            let measured = throughput(client, fresh, s.fresh_jobs, submitters).await;
-            let (rate, ids) = match measured {
-                Ok(measured) => measured,
-                Err(e) => {
-                    hyperactor_mesh::alloc::use_fork_server(false);
-                    return Err(e);
-                }
-            };
-            let procs = s.fresh_jobs as u64 * procs_a_job;
-            let ended = ended_procs_cpu_after(before, procs).await?;
-            let servers = hyperactor_mesh::fork::servers_cpu().saturating_sub(servers_before);
-            let cpu_ms = (ended + servers).as_secs_f64() * 1e3 / procs as f64;
-            tracing::info!(
-                run,
-                procs = mode,
-                jobs = s.fresh_jobs,
-                submitters,
-                rate = format!("{rate:.1}"),
-                proc_cpu_ms = format!("{cpu_ms:.2}"),
-                fork_server_cpu_ms = format!("{:.1}", servers.as_secs_f64() * 1e3),
-                "jobs/s on fresh meshes, and the CPU of each of their procs"
-            );
-            log_phases(client, &ids, &format!("fresh mesh, {mode}")).await?;
-            rates.push(rate);
-            proc_cpu.push(cpu_ms);
+        let runs = async {
+            let mut rates = Vec::new();
+            let mut proc_cpu = Vec::new();
+            for run in 0..s.runs {
+                let before = hyperactor_mesh::alloc::ended_procs_cpu();
+                let servers_before = hyperactor_mesh::fork::servers_cpu();
+                let (rate, ids) = throughput(client, fresh, s.fresh_jobs, submitters).await?;
+                let procs = s.fresh_jobs as u64 * procs_a_job;
+                let ended = ended_procs_cpu_after(before, procs).await?;
+                let servers = hyperactor_mesh::fork::servers_cpu().saturating_sub(servers_before);
+                let cpu_ms = (ended + servers).as_secs_f64() * 1e3 / procs as f64;
+                tracing::info!(
+                    run,
+                    procs = mode,
+                    jobs = s.fresh_jobs,
+                    submitters,
+                    rate = format!("{rate:.1}"),
+                    proc_cpu_ms = format!("{cpu_ms:.2}"),
+                    fork_server_cpu_ms = format!("{:.1}", servers.as_secs_f64() * 1e3),
+                    "jobs/s on fresh meshes, and the CPU of each of their procs"
+                );
+                log_phases(client, &ids, &format!("fresh mesh, {mode}")).await?;
+                rates.push(rate);
+                proc_cpu.push(cpu_ms);
+            }
+            anyhow::Ok((rates, proc_cpu))
         }
+        .await;
         hyperactor_mesh::alloc::use_fork_server(false);
+        let (rates, proc_cpu) = runs?;
         Ok(FreshFigures {
             jobs_per_s: median(&rates).context("no fresh-mesh runs")?,
             proc_cpu_ms: median(&proc_cpu).context("no fresh-mesh runs")?,

@@ -610,7 +610,8 @@ static ENDED_PROCS_CPU_NS: AtomicU64 = AtomicU64::new(0);
 /// agents start are counted in the agent's process; a child whose CPU
 /// could not be read (no `pidfd` on this kernel) is not counted.
 pub fn ended_procs_cpu() -> (u64, Duration) {
-    // The CPU first: a reader that sees a proc counted sees its CPU too.
+    // `count_ended` adds the CPU before the count: a proc read as counted
+    // here has its CPU in the total read after it.
     let procs = ENDED_PROCS.load(Ordering::Acquire);
     let nanos = ENDED_PROCS_CPU_NS.load(Ordering::Acquire);
     (procs, Duration::from_nanos(nanos))
@@ -685,13 +686,17 @@ fn count_exited(pidfd: &impl std::os::fd::AsRawFd) {
             &mut usage as *mut libc::rusage,
         )
     };
-    if done != 0 {
-        return;
+    if done == 0 {
+        count_ended(rusage_cpu(&usage));
     }
-    let nanos = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
-    count_ended(Duration::from_nanos(
-        nanos(usage.ru_utime) + nanos(usage.ru_stime),
-    ));
+}
+
+/// The CPU time, user and system, that `usage` reports.
+pub(crate) fn rusage_cpu(usage: &libc::rusage) -> Duration {
+    let time = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    time(usage.ru_utime) + time(usage.ru_stime)
 }
 
 /// Counts one ended proc and its CPU time (AL-4).

@@ -297,8 +297,7 @@ fn reap(control: RawFd) -> io::Result<()> {
         if pid <= 0 {
             return Ok(());
         }
-        let nanos = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
-        let cpu = nanos(usage.ru_utime) + nanos(usage.ru_stime);
+        let cpu = crate::alloc::rusage_cpu(&usage).as_nanos() as u64;
         reply(control, EXITED, pid as u64, status as u32 as u64, cpu)?;
     }
 }
@@ -604,7 +603,6 @@ impl ForkServer {
             .name("fork-server".into())
             .spawn(move || {
                 let child = command.spawn();
-                let ok = child.is_ok();
                 let _ = started_tx.send(
                     child
                         .as_ref()
@@ -617,7 +615,6 @@ impl ForkServer {
                     let _ = child.kill();
                     let _ = child.wait();
                 }
-                let _ = ok;
             })?;
         let pid = started
             .recv()
