@@ -118,6 +118,17 @@ fn loop_in_an_actor_ends_at_the_handler_deadline() {
     assert!(took < Duration::from_secs(6), "{took:?}: {spun}");
 }
 
+/// AL-6: so it does when the actor's proc was forked by a fork server,
+/// whose engine the proc inherits: the proc advances that engine's epoch
+/// itself, as the server's ticker does not survive the fork.
+#[test]
+fn loop_in_a_forked_actor_ends_at_the_handler_deadline() {
+    let run = attack("loop", true, &["--fork-server", "--handler-timeout", "2"]);
+    assert_actor_attack(&run, &["deadline: ", "2000 ms"]);
+    let took = run.printed_at("the attack ended") - run.printed_at("hostile 0 attacks: loop");
+    assert!(took < Duration::from_secs(6), "{took:?}: {run:?}");
+}
+
 /// `memory`: the memory cap refuses to grow the controller's memory, and
 /// the run fails, naming the cap.
 #[test]

@@ -77,17 +77,25 @@ const REPLY: usize = 25;
 /// exits when its allocator's process goes away. Call it first in the
 /// bootstrap command, before anything starts a thread (FS-4).
 pub fn serve_forks() {
+    serve_forks_prepared(|| {});
+}
+
+/// [`serve_forks`], where a fork server first runs `prepare`, once, before
+/// it forks: what every proc would otherwise make for itself (an engine,
+/// say), made once and inherited by each child (AL-6). `prepare` runs
+/// only in a fork server, and must start no thread (FS-4).
+pub fn serve_forks_prepared(prepare: impl FnOnce()) {
     if std::env::var_os(FORK_SERVER_ENV).is_none() {
         return;
     }
-    if let Err(e) = serve() {
+    if let Err(e) = serve(prepare) {
         eprintln!("monarch fork server: {e}");
         std::process::exit(1);
     }
 }
 
 /// The server's loop; returns `Ok` only in a forked child.
-fn serve() -> io::Result<()> {
+fn serve(prepare: impl FnOnce()) -> io::Result<()> {
     // The control socket is stdin.
     let control: RawFd = 0;
     // SAFETY: plain C calls on a signal set this function owns; SIGCHLD is
@@ -110,6 +118,8 @@ fn serve() -> io::Result<()> {
     if let Some(title) = &title {
         title.set("fork-server");
     }
+    // Requests wait in the socket meanwhile.
+    prepare();
     let mut buf = vec![0u8; MAX_REQUEST];
     loop {
         let mut polled = [

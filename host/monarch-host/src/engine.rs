@@ -531,13 +531,6 @@ pub fn load_inspected(
     if let Some(pool) = pool(engine) {
         check_fits(path, &footprint.needs, &pool.shape)?;
     }
-    let missing = missing_imports(linker, &footprint.interfaces);
-    if !missing.is_empty() {
-        return Err(LoadError::Imports {
-            path: path.to_path_buf(),
-            missing,
-        });
-    }
     let cache_file = cache_dir().map(|dir| {
         let mut key = Sha256::new();
         key.update(sha256.as_bytes());
@@ -568,6 +561,18 @@ pub fn load_inspected(
             }
         }
     }
+    // Only before compiling: a compiled form in the cache passed this
+    // check when it was compiled, and probing costs a compile of its own
+    // for each interface (a fresh proc's largest start-up cost, AL-6). A
+    // program the host cannot link is still refused by `instantiate_pre`,
+    // naming the import.
+    let missing = missing_imports(linker, &footprint.interfaces);
+    if !missing.is_empty() {
+        return Err(LoadError::Imports {
+            path: path.to_path_buf(),
+            missing,
+        });
+    }
     let name = path.file_name().map_or_else(
         || path.display().to_string(),
         |name| name.to_string_lossy().into_owned(),
@@ -590,16 +595,6 @@ pub fn load_inspected(
     })
 }
 
-/// Maps the file at `path`, checks that it is a component, and reads its
-/// [`Footprint`].
-pub fn inspect_file(path: &Path) -> Result<Footprint, LoadError> {
-    let bytes = Mapped::open(path).map_err(|source| LoadError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    inspect(path, &bytes)
-}
-
 /// Checks that `bytes` are a component, and reads its [`Footprint`].
 pub fn inspect(path: &Path, bytes: &[u8]) -> Result<Footprint, LoadError> {
     check_header(path, bytes)?;
@@ -607,6 +602,33 @@ pub fn inspect(path: &Path, bytes: &[u8]) -> Result<Footprint, LoadError> {
         path: path.to_path_buf(),
         reason,
     })
+}
+
+/// The [`Footprint`] of the blob at `path`, whose name is its sha256 and
+/// whose bytes never change: read from the note beside it
+/// (`SHA.footprint`) where a process of this host wrote one, else read
+/// from `bytes` ([`inspect`]) and noted, so that a host's procs parse a
+/// program once between them rather than once each (AL-6). A note that
+/// cannot be read is ignored and written again.
+pub fn inspect_blob(path: &Path, bytes: &[u8]) -> Result<Footprint, LoadError> {
+    let note = path.with_extension("footprint");
+    if let Some(footprint) = std::fs::read_to_string(&note)
+        .ok()
+        .and_then(|text| Footprint::from_note(&text))
+    {
+        return Ok(footprint);
+    }
+    let footprint = inspect(path, bytes)?;
+    // Written whole under another name, then renamed: a reader sees the
+    // whole note or none.
+    let partial = note.with_extension(format!("footprint.{}", std::process::id()));
+    let written = std::fs::write(&partial, footprint.to_note())
+        .and_then(|()| std::fs::rename(&partial, &note));
+    if let Err(e) = written {
+        std::fs::remove_file(&partial).ok();
+        tracing::debug!(note = %note.display(), error = %e, "cannot note a program's footprint");
+    }
+    Ok(footprint)
 }
 
 /// Refuses a program whose instances cannot be made in a pool of `shape`:
@@ -851,6 +873,63 @@ mod import_tests {
 
     /// The linker provides WASI 0.2 (any 0.2.x) and monarch:host, and not
     /// wasi:http; what it lacks is named, in the program's order.
+    /// AL-6: a blob's footprint is noted beside it once, and read from
+    /// the note after; a note that is not one is read from the bytes again
+    /// and rewritten.
+    #[test]
+    fn a_blobs_footprint_is_noted_once_and_read_back() {
+        let dir = std::env::temp_dir().join(format!("monarch-footprint-{}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        std::fs::create_dir_all(&dir).unwrap();
+        let blob = dir.join("abc.blob");
+        let bytes = probe("wasi:cli/stdout@0.2.3");
+        std::fs::write(&blob, &bytes).unwrap();
+        let read = inspect_blob(&blob, &bytes).unwrap();
+        assert_eq!(read, inspect(&blob, &bytes).unwrap());
+        let note = dir.join("abc.footprint");
+        assert_eq!(
+            Footprint::from_note(&std::fs::read_to_string(&note).unwrap()),
+            Some(read.clone())
+        );
+        let other = Footprint {
+            needs: Needs {
+                core_instances: 3,
+                memories: 1,
+                tables: 2,
+                initial_memory: 1 << 20,
+                initial_table: 7,
+            },
+            interfaces: vec![
+                "wasi:io/streams@0.2.3".into(),
+                "monarch:host/mesh@0.2.0".into(),
+            ],
+        };
+        assert_eq!(Footprint::from_note(&other.to_note()), Some(other.clone()));
+        std::fs::write(&note, other.to_note()).unwrap();
+        assert_eq!(
+            inspect_blob(&blob, &bytes).unwrap(),
+            other,
+            "the note is read, not the bytes"
+        );
+        for garbage in [
+            "",
+            "monarch-footprint 1\n1 2 3\n",
+            "monarch-footprint 1\n1 2 3 4 x\n",
+            "hello\n",
+        ] {
+            assert_eq!(Footprint::from_note(garbage), None, "{garbage:?}");
+            std::fs::write(&note, garbage).unwrap();
+            assert_eq!(inspect_blob(&blob, &bytes).unwrap(), read);
+            assert_eq!(std::fs::read_to_string(&note).unwrap(), read.to_note());
+        }
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left.len(), 2, "no partial notes left: {left:?}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
     #[test]
     fn imports_the_host_lacks_are_named_before_compiling() {
         let names: Vec<String> = [

@@ -873,8 +873,12 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
     // the process that runs the controller has compiled it already.
     if !compiled_here {
         registry.on_blob(Arc::new(|path| {
-            let footprint = engine::inspect_file(path).map_err(|e| e.to_string())?;
-            let engine = worker_engine(&footprint.needs, engine::DEFAULT_MAX_INSTANCES, 0, false)?;
+            let bytes = engine::Mapped::open(path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let footprint = engine::inspect_blob(path, &bytes).map_err(|e| e.to_string())?;
+            drop(bytes);
+            let (engine, _) =
+                worker_engine(&footprint.needs, engine::DEFAULT_MAX_INSTANCES, 0, false)?;
             engine::load(&engine, path)
                 .map(|_| ())
                 .map_err(|e| e.to_string())
@@ -900,10 +904,40 @@ fn program_key(sha256: &str, max_instances: u32, debug_engine: bool) -> String {
 /// cap, which the stores' limits enforce.
 const WORKER_MEMORY: usize = 4 << 30;
 
+/// An engine for actors and the linker of its host functions.
+type EngineAndLinker = (
+    wasmtime::Engine,
+    Arc<wasmtime::component::Linker<HostState>>,
+);
+
+/// One of this process's engines for actors, with the linker of its
+/// host functions (built once per engine, not once per program).
+struct WorkerEngine {
+    engine: wasmtime::Engine,
+    linker: Arc<wasmtime::component::Linker<HostState>>,
+    /// The process whose epoch ticker advances this engine: threads do not
+    /// survive a fork, so a proc forked with an engine its fork server made
+    /// starts a ticker of its own on first use (AL-6).
+    ticking_in: Option<u32>,
+}
+
+/// The pool shape of engine tier `tier` holding `instances` instances of
+/// programs that need `needs`. The first tier is of one shape for every
+/// program that fits [`engine::PoolShape::any_program`] (Rust, Python and
+/// JavaScript programs alike), so that a fork server can make it before it
+/// knows the program (AL-6); the other tiers are sized to the program.
+fn tier_shape(needs: &engine::Needs, instances: u32, tier: usize) -> engine::PoolShape {
+    let common = engine::PoolShape::any_program(instances, WORKER_MEMORY);
+    match tier == 0 && common.fits(needs) {
+        true => common,
+        false => engine::PoolShape::for_program(needs, instances, WORKER_MEMORY),
+    }
+}
+
 /// This process's engine of tier `tier` for instances of programs that
-/// need `needs`, of a pool of `max_instances` in all ([`tier_sizes`]): one
-/// engine per pool shape and tier, made on first use and kept (programs of
-/// one kind share a shape; see [`engine::PoolShape`]).
+/// need `needs`, of a pool of `max_instances` in all ([`tier_sizes`]), and
+/// its linker: one engine per pool shape and tier, made on first use and
+/// kept (programs of one kind share a shape; see [`tier_shape`]).
 /// With `debug_engine`, a debug engine ([`engine::pooled_debug_engine`]),
 /// kept apart from the normal ones.
 fn worker_engine(
@@ -911,35 +945,69 @@ fn worker_engine(
     max_instances: u32,
     tier: usize,
     debug_engine: bool,
-) -> Result<wasmtime::Engine, String> {
-    type Engines = Mutex<HashMap<(engine::PoolShape, usize, bool), wasmtime::Engine>>;
+) -> Result<EngineAndLinker, String> {
+    worker_engine_ticking(needs, max_instances, tier, debug_engine, true)
+}
+
+/// [`worker_engine`]; with `tick` false, one whose epoch is not advanced
+/// yet (a fork server's, which may start no thread).
+fn worker_engine_ticking(
+    needs: &engine::Needs,
+    max_instances: u32,
+    tier: usize,
+    debug_engine: bool,
+    tick: bool,
+) -> Result<EngineAndLinker, String> {
+    type Engines = Mutex<HashMap<(engine::PoolShape, usize, bool), WorkerEngine>>;
     static ENGINES: OnceLock<Engines> = OnceLock::new();
     let instances = *tier_sizes(max_instances)
         .get(tier)
         .ok_or_else(|| format!("no engine tier {tier} for a pool of {max_instances}"))?;
     // Keyed by the whole pool's shape and the tier: two tiers of one size
     // are two pools.
-    let key = (
-        engine::PoolShape::for_program(needs, max_instances, WORKER_MEMORY),
-        tier,
-        debug_engine,
-    );
-    let shape = engine::PoolShape::for_program(needs, instances, WORKER_MEMORY);
+    let key = (tier_shape(needs, max_instances, tier), tier, debug_engine);
     let mut engines = ENGINES
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|p| p.into_inner());
-    if let Some(engine) = engines.get(&key) {
-        return Ok(engine.clone());
+    let entry = match engines.entry(key) {
+        std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+        std::collections::hash_map::Entry::Vacant(entry) => {
+            let shape = tier_shape(needs, instances, tier);
+            let engine = match debug_engine {
+                false => engine::pooled_engine(&shape),
+                true => engine::pooled_debug_engine(&shape),
+            }
+            .map_err(|e| format!("{e:#}"))?;
+            let linker = Arc::new(linker(&engine).map_err(|e| format!("{e:#}"))?);
+            entry.insert(WorkerEngine {
+                engine,
+                linker,
+                ticking_in: None,
+            })
+        }
+    };
+    let here = std::process::id();
+    if tick && entry.ticking_in != Some(here) {
+        engine::start_epoch_ticker(&entry.engine);
+        entry.ticking_in = Some(here);
     }
-    let engine = match debug_engine {
-        false => engine::pooled_engine(&shape),
-        true => engine::pooled_debug_engine(&shape),
+    Ok((entry.engine.clone(), entry.linker.clone()))
+}
+
+/// Makes, in a fork server before its first fork, what each proc it forks
+/// would otherwise make first thing (AL-6): the engine of the first tier
+/// for programs of the common shape ([`tier_shape`]) with the default
+/// `--max-instances`, its pool's address space and fiber stacks mapped,
+/// and its linker. A forked proc inherits them and starts only the
+/// engine's epoch ticker. Starts no thread: the server must stay
+/// single-threaded to fork. A failure is reported, and each proc makes
+/// its own engine as a started one does.
+pub fn prepare_forked_procs() {
+    let common = engine::Needs::default();
+    if let Err(e) = worker_engine_ticking(&common, engine::DEFAULT_MAX_INSTANCES, 0, false, false) {
+        eprintln!("monarch fork server: cannot make the procs' engine ahead: {e}");
     }
-    .map_err(|e| format!("{e:#}"))?;
-    engine::start_epoch_ticker(&engine);
-    engines.insert(key, engine.clone());
-    Ok(engine)
 }
 
 /// Loads a program from the host's blob store, through the compile cache,
@@ -961,9 +1029,8 @@ async fn load_program(
             // mapped, parsed and linked once here, not hashed again.
             let bytes = engine::Mapped::open(&path)
                 .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            let footprint = engine::inspect(&path, &bytes).map_err(|e| e.to_string())?;
-            let engine = worker_engine(&footprint.needs, instances, tier, debug_engine)?;
-            let linker = linker(&engine).map_err(|e| format!("{e:#}"))?;
+            let footprint = engine::inspect_blob(&path, &bytes).map_err(|e| e.to_string())?;
+            let (engine, linker) = worker_engine(&footprint.needs, instances, tier, debug_engine)?;
             let loaded = engine::load_inspected(&engine, &linker, &path, &bytes, footprint, sha256)
                 .map_err(|e| e.to_string())?;
             drop(bytes);
@@ -1013,7 +1080,8 @@ fn log_to(
 
 #[cfg(test)]
 mod tests {
-    use super::tier_sizes;
+    use super::{WORKER_MEMORY, prepare_forked_procs, tier_shape, tier_sizes, worker_engine};
+    use crate::engine::{DEFAULT_MAX_INSTANCES, Needs, PoolShape};
 
     /// EP-1: a proc's engines start with a pool of 32 and grow to 256, then
     /// to `--max-instances`: the tiers add up to the flag, and a pool of 32
@@ -1029,5 +1097,53 @@ mod tests {
         for max in [1, 2, 31, 33, 255, 257, 1200, 100_000] {
             assert_eq!(tier_sizes(max).iter().sum::<u32>(), max, "{max}");
         }
+    }
+
+    /// AL-6: the first tier's engine is the same for every program that
+    /// fits the common shape, so that the one a fork server makes ahead is
+    /// the one each forked proc's first actor uses; a program that does not
+    /// fit, and the later tiers, get pools sized to the program.
+    #[test]
+    fn al6_the_first_tier_is_one_engine_made_before_the_program_is_known() {
+        let rust = Needs {
+            core_instances: 4,
+            memories: 1,
+            tables: 1,
+            initial_memory: 1 << 20,
+            initial_table: 100,
+        };
+        let python = Needs {
+            core_instances: 14,
+            memories: 2,
+            tables: 4,
+            ..rust
+        };
+        let huge = Needs {
+            core_instances: 40,
+            ..rust
+        };
+        let common = PoolShape::any_program(32, WORKER_MEMORY);
+        assert_eq!(tier_shape(&rust, 32, 0), common);
+        assert_eq!(tier_shape(&python, 32, 0), common);
+        assert_eq!(
+            tier_shape(&huge, 32, 0),
+            PoolShape::for_program(&huge, 32, WORKER_MEMORY)
+        );
+        assert_eq!(
+            tier_shape(&rust, 224, 1),
+            PoolShape::for_program(&rust, 224, WORKER_MEMORY)
+        );
+
+        prepare_forked_procs();
+        let made_ahead = worker_engine(&Needs::default(), DEFAULT_MAX_INSTANCES, 0, false).unwrap();
+        for needs in [rust, python] {
+            let (engine, linker) = worker_engine(&needs, DEFAULT_MAX_INSTANCES, 0, false).unwrap();
+            assert!(wasmtime::Engine::same(&engine, &made_ahead.0));
+            assert!(std::sync::Arc::ptr_eq(&linker, &made_ahead.1));
+        }
+        let (own, _) = worker_engine(&huge, DEFAULT_MAX_INSTANCES, 0, false).unwrap();
+        assert!(!wasmtime::Engine::same(&own, &made_ahead.0));
+        let pool = crate::engine::pool(&own).expect("a pooled engine");
+        assert_eq!(pool.shape, PoolShape::for_program(&huge, 32, WORKER_MEMORY));
     }
 }
