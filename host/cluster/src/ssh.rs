@@ -38,8 +38,12 @@
 //!   terminal reaches the controller, which decides, and not them.
 //! - SSH-4: a remote binary is named after the version and the first 12
 //!   hex digits of the SHA-256 of the local binary, and written under a
-//!   temporary name then renamed: different builds never clash, and a half
-//!   copy is never run.
+//!   temporary name then linked into place: different builds never clash,
+//!   a half copy is never run, and a copy never replaces a whole one that
+//!   is there already (hosts that share a file system, NFS home
+//!   directories say, copy at once to one path; replacing the file would
+//!   leave an agent started from it running a deleted binary, which then
+//!   cannot start its procs).
 //! - SSH-5: [`start_agents`] starts every agent or none: on a failure it
 //!   stops those already started and cuts short the others' copies.
 //! - SSH-6: every step but a copy has a deadline (`startup_timeout`), and
@@ -770,10 +774,14 @@ fn copy(
         format!("{}.tmp.$$", remote_path(&binary.path)),
     );
     // A copy cut short leaves `cat` a short file and a clean end of input:
-    // the size check keeps it from being renamed into place (SSH-4).
+    // the size check keeps it from being put into place (SSH-4). A hard
+    // link fails where the name is taken: a whole copy (only whole ones get
+    // the name) by another host of a shared file system, kept; `mv` is for
+    // a file system without hard links.
     let script = format!(
         "mkdir -p {dir} && cat > {tmp} && test $(wc -c < {tmp}) -eq {size} \
-         && chmod 755 {tmp} && mv -f {tmp} {path} || {{ rm -f {tmp}; exit 1; }}",
+         && chmod 755 {tmp} && {{ ln {tmp} {path} 2>/dev/null || test -f {path} \
+         || mv -f {tmp} {path}; }} && rm -f {tmp} || {{ rm -f {tmp}; exit 1; }}",
         size = binary.size,
         path = remote_path(&binary.path),
     );
