@@ -604,6 +604,69 @@ pub fn inspect(path: &Path, bytes: &[u8]) -> Result<Footprint, LoadError> {
     })
 }
 
+// Kept here, not in footprint.rs, which the fuzz targets share.
+impl Footprint {
+    /// The first line of a [`Footprint::to_note`].
+    const NOTE: &'static str = "monarch-footprint 1";
+
+    /// This footprint as a few lines of text: a header, the needs as five
+    /// numbers, then one interface a line.
+    pub fn to_note(&self) -> String {
+        let n = &self.needs;
+        let mut note = format!(
+            "{}\n{} {} {} {} {}\n",
+            Self::NOTE,
+            n.core_instances,
+            n.memories,
+            n.tables,
+            n.initial_memory,
+            n.initial_table
+        );
+        for interface in &self.interfaces {
+            note.push_str(interface);
+            note.push('\n');
+        }
+        note
+    }
+
+    /// Reads a [`Footprint::to_note`] back; `None` for anything else.
+    pub fn from_note(note: &str) -> Option<Footprint> {
+        let mut lines = note.lines();
+        if lines.next()? != Self::NOTE {
+            return None;
+        }
+        let numbers: Vec<u64> = lines
+            .next()?
+            .split(' ')
+            .map(|n| n.parse().ok())
+            .collect::<Option<_>>()?;
+        let [
+            core_instances,
+            memories,
+            tables,
+            initial_memory,
+            initial_table,
+        ] = numbers[..]
+        else {
+            return None;
+        };
+        let interfaces: Vec<String> = lines.map(String::from).collect();
+        if !note.ends_with('\n') || interfaces.iter().any(|i| i.is_empty()) {
+            return None;
+        }
+        Some(Footprint {
+            needs: Needs {
+                core_instances: u32::try_from(core_instances).ok()?,
+                memories: u32::try_from(memories).ok()?,
+                tables: u32::try_from(tables).ok()?,
+                initial_memory,
+                initial_table,
+            },
+            interfaces,
+        })
+    }
+}
+
 /// The [`Footprint`] of the blob at `path`, whose name is its sha256 and
 /// whose bytes never change: read from the note beside it
 /// (`SHA.footprint`) where a process of this host wrote one, else read
