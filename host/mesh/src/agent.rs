@@ -147,8 +147,9 @@ impl SpawnedActor {
 pub type Factory = Arc<dyn Fn(SpawnArgs) -> BoxFuture<Result<SpawnedActor, String>> + Send + Sync>;
 
 /// Runs when a blob arrives on a host, say to compile it once for every
-/// proc of the host.
-pub type BlobHook = Arc<dyn Fn(&Path) -> Result<(), String> + Send + Sync>;
+/// proc of the host: gets the blob's path and its sha256 (checked when it
+/// was stored).
+pub type BlobHook = Arc<dyn Fn(&Path, &str) -> Result<(), String> + Send + Sync>;
 
 /// Answers a probe of a proc's actors ([`ProbeActors`]): gets the proc
 /// and the question, and gives the answer in the embedding's own encoding
@@ -230,7 +231,7 @@ impl Registry {
                 .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         }
         if let Some(hook) = &self.blob_hook {
-            hook(&path)?;
+            hook(&path, sha256)?;
         }
         Ok(path)
     }

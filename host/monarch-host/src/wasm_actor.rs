@@ -872,14 +872,16 @@ pub fn registry(blob_dir: std::path::PathBuf, known: Option<Arc<Cluster>>) -> Re
     // A host compiles a program when it arrives, once for all its procs;
     // the process that runs the controller has compiled it already.
     if !compiled_here {
-        registry.on_blob(Arc::new(|path| {
+        // Mapped, parsed (or its footprint note read) and linked once, and
+        // not hashed again: the blob is named by its sha256, checked when
+        // it was stored.
+        registry.on_blob(Arc::new(|path, sha256| {
             let bytes = engine::Mapped::open(path)
                 .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
             let footprint = engine::inspect_blob(path, &bytes).map_err(|e| e.to_string())?;
-            drop(bytes);
-            let (engine, _) =
+            let (engine, linker) =
                 worker_engine(&footprint.needs, engine::DEFAULT_MAX_INSTANCES, 0, false)?;
-            engine::load(&engine, path)
+            engine::load_inspected(&engine, &linker, path, &bytes, footprint, sha256.into())
                 .map(|_| ())
                 .map_err(|e| e.to_string())
         }));
