@@ -23,7 +23,7 @@ mod serve_support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cli::{Command, monarch_host};
+use cli::{Command, monarch_host, monarch_host_env};
 use monarch_host::serve::api::{JobRequest, JobStatus, PartialLimits};
 use serve_support::{Scratch, ServeProcess, finished};
 
@@ -127,6 +127,29 @@ fn loop_in_a_forked_actor_ends_at_the_handler_deadline() {
     assert_actor_attack(&run, &["deadline: ", "2000 ms"]);
     let took = run.printed_at("the attack ended") - run.printed_at("hostile 0 attacks: loop");
     assert!(took < Duration::from_secs(6), "{took:?}: {run:?}");
+}
+
+/// AL-7: and when the proc was forked after the program was stored, with
+/// the program the fork server loaded for it: the actor runs, and its
+/// inherited engine's epoch is advanced in the proc.
+#[test]
+fn loop_in_an_actor_forked_with_its_program_loaded_ends_at_the_handler_deadline() {
+    let mut args = vec![env!("GUEST_HOSTILE")];
+    args.extend(["--fork-server", "--handler-timeout", "2"]);
+    args.extend(["--", "loop", "actor", "later"]);
+    let loaded = [("RUST_LOG", "warn,monarch_host::wasm_actor=debug")];
+    let run = monarch_host_env(&args, LIMIT, &loaded);
+    assert_actor_attack(&run, &["deadline: ", "2000 ms"]);
+    let took = run.printed_at("the attack ended") - run.printed_at("hostile 0 attacks: loop");
+    assert!(took < Duration::from_secs(6), "{took:?}: {run:?}");
+    let inherited = run
+        .stderr
+        .matches("the program, as the fork server loaded it")
+        .count();
+    assert_eq!(
+        inherited, 2,
+        "both procs of the attack took the program the fork server loaded: {run:?}"
+    );
 }
 
 /// `memory`: the memory cap refuses to grow the controller's memory, and

@@ -39,9 +39,9 @@ async fn mesh(procs: usize, per_proc: u32) -> Mesh {
     mesh_of(command, false, procs, per_proc).await
 }
 
-/// A mesh of `procs` procs started by `command`, forked by its fork server
-/// when `fork` is set.
-async fn mesh_of(command: BootstrapCommand, fork: bool, procs: usize, per_proc: u32) -> Mesh {
+/// A controller whose procs are started by `command`, forked by its fork
+/// server when `fork` is set.
+async fn client_of(command: BootstrapCommand, fork: bool) -> Arc<MeshClient> {
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let blobs = std::env::temp_dir().join("mesh-procs-blobs");
@@ -49,13 +49,19 @@ async fn mesh_of(command: BootstrapCommand, fork: bool, procs: usize, per_proc: 
         .unwrap()
         .with_fork_server(fork);
     let socket = std::env::temp_dir().join(format!("mesh-procs-{}-{n}.sock", std::process::id()));
-    let client = MeshClient::new(
+    MeshClient::new(
         format!("unix:{}", socket.display()).parse().unwrap(),
         Arc::new(allocator),
         Arc::new(|_: &str| {}),
     )
     .await
-    .unwrap();
+    .unwrap()
+}
+
+/// A mesh of `procs` procs started by `command`, forked by its fork server
+/// when `fork` is set.
+async fn mesh_of(command: BootstrapCommand, fork: bool, procs: usize, per_proc: u32) -> Mesh {
+    let client = client_of(command, fork).await;
     let events = client.subscribe();
     let allocated = client.spawn_procs(procs).await.unwrap();
     let ids: Vec<_> = allocated.iter().map(|a| a.proc.clone()).collect();
@@ -472,6 +478,68 @@ async fn forked_procs_answer_and_end_as_started_ones() {
         result.unwrap(),
         vec![int(0), int(1)],
         "the survivor answers"
+    );
+}
+
+/// FS-6, AL-7: a blob the allocator stores is handed to its fork server
+/// before the next fork, so the procs forked after it inherit what the
+/// server made of it (a program loaded once, in `monarch-host`); a proc
+/// forked before does not.
+#[tokio::test]
+async fn procs_forked_after_a_blob_is_stored_inherit_what_the_server_loaded() {
+    let command = BootstrapCommand {
+        program: env!("CARGO_BIN_EXE_mesh-worker").into(),
+        args: vec![],
+    };
+    let client = client_of(command, true).await;
+    let events = client.subscribe();
+    let before = client.spawn_procs(1).await.unwrap();
+    let program = format!("a program stored at {:?}", Instant::now()).into_bytes();
+    let sha256 = hyperactor_mesh::agent::sha256_hex(&program);
+    client.put_blob(&sha256, Arc::new(program)).await.unwrap();
+    let after = client.spawn_procs(1).await.unwrap();
+    let ids = vec![before[0].proc.clone(), after[0].proc.clone()];
+    let spec = ActorSpec {
+        kind: "echo".into(),
+        name: "echo".into(),
+        extent: vec![("procs".into(), 2), ("actors".into(), 1)],
+        params: vec![],
+        per_proc: 1,
+    };
+    client.spawn_actors(&ids, &spec, TIMEOUT).await.unwrap();
+    let mut mesh = Mesh {
+        client,
+        procs: [before, after].concat(),
+        target: CastTarget {
+            mesh: "echo".into(),
+            procs: ids,
+            ranks: vec![vec![0], vec![1]],
+        },
+        events,
+    };
+    let mut caster = Caster::new(mesh.client.mailbox(), 16);
+    caster.cast(
+        mesh.target.clone(),
+        "preloaded",
+        vec![],
+        CastMode::Gather,
+        TIMEOUT,
+    );
+    let Outcome::Done { result, .. } = next(&mut mesh, &mut caster).await else {
+        panic!("no outcome")
+    };
+    let told: Vec<String> = result
+        .unwrap()
+        .into_iter()
+        .map(|r| String::from_utf8(r).unwrap())
+        .collect();
+    assert!(
+        !told[0].split(',').any(|s| s == sha256),
+        "a proc forked before the blob was stored: {told:?}"
+    );
+    assert!(
+        told[1].split(',').any(|s| s == sha256),
+        "a proc forked after it: {told:?}"
     );
 }
 

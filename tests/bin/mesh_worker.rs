@@ -19,7 +19,7 @@ use hyperactor_mesh::testing::echo_registry;
 fn main() -> anyhow::Result<()> {
     // Started as a fork server (`LocalAllocator::with_fork_server`), this
     // returns only in each proc it forks, before any runtime exists.
-    hyperactor_mesh::fork::serve_forks();
+    hyperactor_mesh::fork::serve_forks_prepared(|| {}, hyperactor_mesh::testing::record_preload);
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?

@@ -506,7 +506,10 @@ fn main() -> ExitCode {
     if matches!(cli.suite, Suite::Bootstrap) {
         // A fork server returns here only in each proc it forks (AL-5),
         // which then reads its environment as a started proc would.
-        hyperactor_mesh::fork::serve_forks_prepared(monarch_host::wasm_actor::prepare_forked_procs);
+        hyperactor_mesh::fork::serve_forks_prepared(
+            monarch_host::wasm_actor::prepare_forked_procs,
+            monarch_host::wasm_actor::preload_forked_program,
+        );
     }
     if !matches!(cli.suite, Suite::Bootstrap | Suite::TensorBootstrap) {
         // The controller's code on 2 MiB pages, as `monarch-host run`'s

@@ -24,6 +24,10 @@
 //!   bootstrap command ([`crate::fork`]) instead of starting the program
 //!   for each, and starts the program when it cannot; a forked child keeps
 //!   AL-1, AL-2 and AL-4.
+//! - AL-7: such an allocator tells its fork server of each blob it stores
+//!   ([`crate::fork::ForkServer::preload`], FS-6), so that the server can
+//!   load the program before it forks the next procs, which then inherit
+//!   it instead of each loading it.
 
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -499,7 +503,27 @@ impl Allocator for LocalAllocator {
 
     fn put_blob(&self, sha256: String, bytes: Arc<Vec<u8>>) -> BoxFuture<Result<(), AllocError>> {
         let registry = self.registry.clone();
-        Box::pin(async move { put_local_blob(registry, sha256, bytes).await })
+        // AL-7: the fork server loads the program once, for the procs it
+        // forks from now on.
+        let server = self.fork_server.then(|| {
+            let program = self.run.as_deref().unwrap_or(&self.command.program);
+            (program.to_path_buf(), self.command.args.clone())
+        });
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                let path = registry.put_blob(&sha256, &bytes).map_err(AllocError)?;
+                if let Some((program, args)) = server {
+                    let told = crate::fork::ForkServer::of(&program, &args)
+                        .and_then(|server| server.preload(&path, &sha256));
+                    if let Err(e) = told {
+                        tracing::debug!(error = %e, "cannot have the fork server load a program");
+                    }
+                }
+                Ok(())
+            })
+            .await
+            .map_err(|e| AllocError(format!("storing a blob panicked: {e}")))?
+        })
     }
 
     fn stop_all(&self) {

@@ -38,6 +38,12 @@
 //!   (`PROGRAM bootstrap`), so that
 //!   whoever looks for a proc's process by its command line finds procs
 //!   only.
+//! - FS-6: an allocator that stores a blob tells its server
+//!   ([`ForkServer::preload`]), which hands it to the command's `preload`
+//!   ([`serve_forks_prepared`]) before it reads the next request: the
+//!   procs it forks after that inherit what `preload` made of it (AL-7 of
+//!   [`crate::alloc`]). A preload is not answered; one that fails or
+//!   panics costs the server nothing but the time.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -62,6 +68,10 @@ pub const FORK_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest fork request: its environment and working directory.
 const MAX_REQUEST: usize = 128 << 10;
 
+/// Request kinds, allocator to server: the first byte of each.
+const FORK: u8 = 1;
+const PRELOAD: u8 = 2;
+
 /// Reply tags, server to allocator.
 const FORKED: u8 = 1;
 const FORK_FAILED: u8 = 2;
@@ -77,25 +87,28 @@ const REPLY: usize = 25;
 /// exits when its allocator's process goes away. Call it first in the
 /// bootstrap command, before anything starts a thread (FS-4).
 pub fn serve_forks() {
-    serve_forks_prepared(|| {});
+    serve_forks_prepared(|| {}, |_, _| {});
 }
 
 /// [`serve_forks`], where a fork server first runs `prepare`, once, before
 /// it forks: what every proc would otherwise make for itself (an engine,
-/// say), made once and inherited by each child (AL-6). `prepare` runs
-/// only in a fork server, and must start no thread (FS-4).
-pub fn serve_forks_prepared(prepare: impl FnOnce()) {
+/// say), made once and inherited by each child (AL-6); and runs
+/// `preload(path, sha256)` for each blob its allocator stores (FS-6), so
+/// that the procs forked after it inherit what it makes of the blob (the
+/// program loaded, AL-7). Both run only in a fork server, and must start
+/// no thread (FS-4).
+pub fn serve_forks_prepared(prepare: impl FnOnce(), preload: impl FnMut(&Path, &str)) {
     if std::env::var_os(FORK_SERVER_ENV).is_none() {
         return;
     }
-    if let Err(e) = serve(prepare) {
+    if let Err(e) = serve(prepare, preload) {
         eprintln!("monarch fork server: {e}");
         std::process::exit(1);
     }
 }
 
 /// The server's loop; returns `Ok` only in a forked child.
-fn serve(prepare: impl FnOnce()) -> io::Result<()> {
+fn serve(prepare: impl FnOnce(), mut preload: impl FnMut(&Path, &str)) -> io::Result<()> {
     // The control socket is stdin.
     let control: RawFd = 0;
     // SAFETY: plain C calls on a signal set this function owns; SIGCHLD is
@@ -154,7 +167,21 @@ fn serve(prepare: impl FnOnce()) -> io::Result<()> {
             // The allocator's process went away; the children follow (FS-1).
             std::process::exit(0);
         }
-        let Some((id, request)) = Request::decode(&buf[..len]) else {
+        let asked = match buf[0] {
+            FORK => Request::decode(&buf[1..len]),
+            PRELOAD => {
+                if let Some((path, sha256)) = decode_preload(&buf[1..len]) {
+                    // A preload that panics leaves the server as it was:
+                    // its procs load the program themselves.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        preload(&path, &sha256)
+                    }));
+                }
+                continue;
+            }
+            _ => None,
+        };
+        let Some((id, request)) = asked else {
             eprintln!("monarch fork server: a request it cannot read ({len} bytes); ignored");
             continue;
         };
@@ -244,6 +271,12 @@ impl Title {
     }
 }
 
+unsafe extern "C" {
+    /// The C library's environment: a null-terminated array of
+    /// `KEY=VALUE` strings.
+    static mut environ: *mut *mut libc::c_char;
+}
+
 /// Sets up a forked child as a started proc (FS-1).
 fn become_child(
     server: libc::pid_t,
@@ -267,22 +300,25 @@ fn become_child(
             // The server died between the fork and the signal's setting.
             libc::_exit(1);
         }
-        check(libc::clearenv())?;
     }
     drop(stdio);
-    for pair in &request.env {
-        let bytes = pair.as_bytes();
-        if let Some(eq) = bytes.iter().skip(1).position(|b| *b == b'=') {
-            let (key, value) = bytes.split_at(eq + 1);
-            // SAFETY: this child has one thread.
-            unsafe {
-                std::env::set_var(
-                    std::ffi::OsStr::from_bytes(key),
-                    std::ffi::OsStr::from_bytes(&value[1..]),
-                )
-            };
-        }
-    }
+    // The request's environment becomes the child's whole: one array,
+    // made here and never freed, instead of a `setenv` for each entry (each
+    // scans the environment and copies it, 3 % of a forked proc's CPU).
+    // Entries without a name, or with a NUL, are left out.
+    let entries: Vec<*mut libc::c_char> = request
+        .env
+        .iter()
+        .filter(|pair| pair.as_bytes().iter().skip(1).any(|b| *b == b'='))
+        .filter_map(|pair| std::ffi::CString::new(pair.as_bytes()).ok())
+        .map(std::ffi::CString::into_raw)
+        .chain(std::iter::once(std::ptr::null_mut()))
+        .collect();
+    // SAFETY: this child has one thread, so nothing reads `environ`
+    // meanwhile; the array and its strings are leaked, so they live as
+    // long as the process, and the C library copies the array before it
+    // changes it (`setenv` of a later `std::env::set_var`).
+    unsafe { environ = entries.leak().as_mut_ptr() };
     // A directory removed since is the server's to keep, as a started
     // child would keep its parent's.
     let _ = std::env::set_current_dir(&request.cwd);
@@ -693,7 +729,8 @@ impl ForkServer {
             return Err(io::Error::other("the fork server ended"));
         }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let bytes = Request::here(env)?.encode(id);
+        let mut bytes = vec![FORK];
+        bytes.extend(Request::here(env)?.encode(id));
         if bytes.len() > MAX_REQUEST {
             return Err(io::Error::other(format!(
                 "the environment is too large to send to the fork server ({} bytes)",
@@ -727,6 +764,64 @@ impl ForkServer {
             }
         }
     }
+}
+
+impl ForkServer {
+    /// Tells the server that its allocator stored the blob `sha256` at
+    /// `path` (FS-6), so that the procs it forks from now on have it
+    /// loaded. Blocks while the server's socket is full.
+    pub(crate) fn preload(&self, path: &Path, sha256: &str) -> io::Result<()> {
+        if !self.alive.load(Ordering::Acquire) {
+            return Err(io::Error::other("the fork server ended"));
+        }
+        let bytes = encode_preload(path, sha256);
+        let _one = self.sending.lock();
+        loop {
+            // SAFETY: send(2) of a buffer this frame owns.
+            let sent = unsafe {
+                libc::send(
+                    self.control.as_raw_fd(),
+                    bytes.as_ptr().cast(),
+                    bytes.len(),
+                    libc::MSG_NOSIGNAL,
+                )
+            };
+            if sent >= 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// A preload request: its kind, then the path and the sha256, each as a
+/// 4-byte length and its bytes.
+fn encode_preload(path: &Path, sha256: &str) -> Vec<u8> {
+    let mut out = vec![PRELOAD];
+    for s in [path.as_os_str().as_bytes(), sha256.as_bytes()] {
+        out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        out.extend_from_slice(s);
+    }
+    out
+}
+
+/// An [`encode_preload`] after its kind byte; None if cut, or with
+/// anything more.
+fn decode_preload(mut bytes: &[u8]) -> Option<(PathBuf, String)> {
+    let mut strings = Vec::new();
+    while !bytes.is_empty() {
+        let len = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
+        strings.push(bytes.get(4..4 + len)?.to_vec());
+        bytes = &bytes[4 + len..];
+    }
+    let [path, sha256] = <[Vec<u8>; 2]>::try_from(strings).ok()?;
+    Some((
+        PathBuf::from(OsString::from_vec(path)),
+        String::from_utf8(sha256).ok()?,
+    ))
 }
 
 fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
@@ -774,6 +869,22 @@ mod tests {
             "a cut request is refused"
         );
         assert_eq!(Request::decode(&bytes[..5]), None);
+    }
+
+    #[test]
+    fn a_preload_reads_back_as_it_was_written_and_a_cut_one_is_refused() {
+        let bytes = encode_preload(Path::new("/blobs/ab.blob"), "ab");
+        assert_eq!(bytes[0], PRELOAD);
+        assert_eq!(
+            decode_preload(&bytes[1..]),
+            Some((PathBuf::from("/blobs/ab.blob"), "ab".to_string()))
+        );
+        assert_eq!(decode_preload(&bytes[1..bytes.len() - 1]), None);
+        let mut padded = bytes[1..].to_vec();
+        padded.extend_from_slice(&[0, 0, 0, 0]);
+        assert_eq!(decode_preload(&padded), None, "a third string is refused");
+        padded.truncate(padded.len() - 2);
+        assert_eq!(decode_preload(&padded), None, "and so is a cut length");
     }
 
     #[test]

@@ -7,21 +7,37 @@
 //! and answers with the rank elsewhere; `seq` checks that the numbers it
 //! gets count up from 0 and replies with how many came out of order;
 //! `count` replies with the next number `seq` expects; `exit` ends the whole process with the
-//! message's code, `abort` and `segfault` end it by a signal.
+//! message's code, `abort` and `segfault` end it by a signal;
+//! `preloaded` replies with the sha256s its fork server had been told of
+//! before it forked this proc ([`record_preload`]), comma-separated.
 //!
 //! Numbers in replies are CBOR integers, as the SDKs encode them
 //! (`wit/ENCODING.md`), so the host's reducers read them (RD-1). Numbers in
 //! messages are 8 little-endian bytes: only host tests and benchmarks call
 //! this actor, never a program.
 
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use hyperactor::{Actor, Context, Exports, Handler};
 
 use crate::agent::{Registry, SpawnArgs, SpawnedActor};
 use crate::cbor;
 use crate::comm::MeshCall;
+
+/// The blobs this process was told of as a fork server (FS-6), inherited
+/// by each proc it forked after.
+static PRELOADED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// A fork server's `preload` ([`crate::fork::serve_forks_prepared`]) for
+/// procs of this actor: notes the blob, which the procs it forks after
+/// that answer `preloaded` with.
+pub fn record_preload(_path: &Path, sha256: &str) {
+    PRELOADED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(sha256.to_string());
+}
 
 /// See the module docs.
 pub struct EchoMeshActor {
@@ -69,6 +85,11 @@ impl Handler<MeshCall> for EchoMeshActor {
                 Ok(cbor::int(self.out_of_order as i64))
             }
             "count" => Ok(cbor::int(self.next_seq as i64)),
+            "preloaded" => Ok(PRELOADED
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .join(",")
+                .into_bytes()),
             "exit" => std::process::exit(word(&call.message) as i32),
             "abort" => std::process::abort(),
             "segfault" => {

@@ -469,18 +469,53 @@ fn pooled(shape: &PoolShape, guest_debug: bool) -> wasmtime::Result<Engine> {
 
 /// Advances the engine's epoch every [`EPOCH_TICK`] on a thread of its own,
 /// for as long as the engine lives.
+///
+/// The thread is a bare POSIX thread, not a `std::thread`: the standard
+/// library sets up each thread it starts for stack overflows (an
+/// alternate signal stack, mapped and guarded, and the C library's own
+/// heap for that thread, made on the first `malloc` there), and the global
+/// allocator sets up a heap of its own on the thread's first allocation;
+/// for a loop that only adds to a counter and sleeps, that was 7 % of a
+/// forked proc's CPU (docs/benchmarks.md, "Fresh meshes, 2026-12-07
+/// (evening)"). The loop allocates nothing and cannot panic.
 pub fn start_epoch_ticker(engine: &Engine) {
-    let weak = engine.weak();
-    std::thread::Builder::new()
-        .name("monarch-epoch".into())
-        .spawn(move || {
-            while let Some(engine) = weak.upgrade() {
-                engine.increment_epoch();
-                drop(engine);
-                std::thread::sleep(EPOCH_TICK);
+    extern "C" fn tick(weak: *mut libc::c_void) -> *mut libc::c_void {
+        // SAFETY: the box `start_epoch_ticker` leaked for this thread.
+        let weak = unsafe { Box::from_raw(weak.cast::<wasmtime::EngineWeak>()) };
+        let pause = libc::timespec {
+            tv_sec: EPOCH_TICK.as_secs() as libc::time_t,
+            tv_nsec: EPOCH_TICK.subsec_nanos() as libc::c_long,
+        };
+        while let Some(engine) = weak.upgrade() {
+            engine.increment_epoch();
+            drop(engine);
+            // SAFETY: nanosleep(2) with a valid duration; an early wake
+            // (a signal) only makes this tick early.
+            unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
+        }
+        std::ptr::null_mut()
+    }
+    let weak = Box::into_raw(Box::new(engine.weak())).cast::<libc::c_void>();
+    // SAFETY: plain pthread calls on an attribute and a thread id this
+    // frame owns; the thread takes `weak`, or it is freed here if the
+    // thread could not start.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        let mut thread: libc::pthread_t = std::mem::zeroed();
+        libc::pthread_attr_init(&mut attr);
+        // Room for the engine's drop, should the last reference go here.
+        libc::pthread_attr_setstacksize(&mut attr, 256 << 10);
+        libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
+        let started = libc::pthread_create(&mut thread, &attr, tick, weak);
+        libc::pthread_attr_destroy(&mut attr);
+        match started {
+            0 => {
+                let name = c"monarch-epoch";
+                libc::pthread_setname_np(thread, name.as_ptr());
             }
-        })
-        .ok();
+            _ => drop(Box::from_raw(weak.cast::<wasmtime::EngineWeak>())),
+        }
+    }
 }
 
 /// Where compiled components are kept: `$MONARCH_CACHE_DIR`, else
@@ -531,35 +566,16 @@ pub fn load_inspected(
     if let Some(pool) = pool(engine) {
         check_fits(path, &footprint.needs, &pool.shape)?;
     }
-    let cache_file = cache_dir().map(|dir| {
-        let mut key = Sha256::new();
-        key.update(sha256.as_bytes());
-        std::hash::Hash::hash(
-            &engine.precompile_compatibility_hash(),
-            &mut HashWriter(&mut key),
-        );
-        dir.join(format!("{}.cwasm", hex(&key.finalize())))
-    });
+    let cache_file = cache_file(engine, &sha256);
     if let Some(file) = &cache_file
-        && file.exists()
+        && let Some(component) = deserialize_cached(engine, file)
     {
-        // SAFETY: the cache holds only what `Component::serialize` of this
-        // host wrote, keyed by the engine's compatibility hash; a file that
-        // does not deserialize is compiled again and overwritten. The file
-        // is mapped, so the procs of a host share its pages.
-        match unsafe { Component::deserialize_file(engine, file) } {
-            Ok(component) => {
-                return Ok(Loaded {
-                    component,
-                    sha256,
-                    cached: true,
-                    footprint,
-                });
-            }
-            Err(e) => {
-                tracing::warn!(file = %file.display(), error = %e, "cached component unusable; compiling again")
-            }
-        }
+        return Ok(Loaded {
+            component,
+            sha256,
+            cached: true,
+            footprint,
+        });
     }
     // Only before compiling: a compiled form in the cache passed this
     // check when it was compiled, and probing costs a compile of its own
@@ -593,6 +609,63 @@ pub fn load_inspected(
         cached: false,
         footprint,
     })
+}
+
+/// [`load_inspected`] where the compiled form is in the cache, and `None`
+/// where it is not: it never compiles, and so starts no thread (a fork
+/// server loads programs so before it forks, AL-7).
+pub fn load_cached(
+    engine: &Engine,
+    path: &Path,
+    footprint: Footprint,
+    sha256: String,
+) -> Result<Option<Loaded>, LoadError> {
+    if let Some(pool) = pool(engine) {
+        check_fits(path, &footprint.needs, &pool.shape)?;
+    }
+    let Some(component) =
+        cache_file(engine, &sha256).and_then(|file| deserialize_cached(engine, &file))
+    else {
+        return Ok(None);
+    };
+    Ok(Some(Loaded {
+        component,
+        sha256,
+        cached: true,
+        footprint,
+    }))
+}
+
+/// Where the compiled form of the program `sha256` for `engine` is
+/// cached: keyed by both, and by the engine's compatibility hash.
+fn cache_file(engine: &Engine, sha256: &str) -> Option<PathBuf> {
+    cache_dir().map(|dir| {
+        let mut key = Sha256::new();
+        key.update(sha256.as_bytes());
+        std::hash::Hash::hash(
+            &engine.precompile_compatibility_hash(),
+            &mut HashWriter(&mut key),
+        );
+        dir.join(format!("{}.cwasm", hex(&key.finalize())))
+    })
+}
+
+/// The compiled form in the cache `file`, if it is there and usable.
+fn deserialize_cached(engine: &Engine, file: &Path) -> Option<Component> {
+    if !file.exists() {
+        return None;
+    }
+    // SAFETY: the cache holds only what `Component::serialize` of this
+    // host wrote, keyed by the engine's compatibility hash; a file that
+    // does not deserialize is compiled again and overwritten. The file is
+    // mapped, so the procs of a host share its pages.
+    match unsafe { Component::deserialize_file(engine, file) } {
+        Ok(component) => Some(component),
+        Err(e) => {
+            tracing::warn!(file = %file.display(), error = %e, "cached component unusable; compiling again");
+            None
+        }
+    }
 }
 
 /// Checks that `bytes` are a component, and reads its [`Footprint`].

@@ -642,7 +642,10 @@ fn init_tracing() {
 /// A child proc: serves until its parent goes away.
 fn bootstrap() -> ExitCode {
     // A fork server returns here only in each proc it forks (AL-5).
-    hyperactor_mesh::fork::serve_forks_prepared(monarch_host::wasm_actor::prepare_forked_procs);
+    hyperactor_mesh::fork::serve_forks_prepared(
+        monarch_host::wasm_actor::prepare_forked_procs,
+        monarch_host::wasm_actor::preload_forked_program,
+    );
     init_tracing();
     if std::env::var_os(IGNORE_SIGTERM_ENV).is_some() {
         // SAFETY: setting a signal's disposition to SIG_IGN.

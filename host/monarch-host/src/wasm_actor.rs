@@ -1012,6 +1012,77 @@ pub fn prepare_forked_procs() {
     }
 }
 
+/// Programs a fork server loaded before it forked (AL-7), by
+/// [`program_key`]: a proc forked after inherits them and takes its
+/// program from here instead of loading it. The latest few are kept.
+static PRELOADED: Mutex<Vec<(String, Arc<Compiled>)>> = Mutex::new(Vec::new());
+
+/// How many programs a fork server keeps loaded for its procs.
+const PRELOADED_PROGRAMS: usize = 4;
+
+/// Loads the blob `sha256` at `path` in a fork server, before it forks
+/// the next procs (AL-7, `hyperactor_mesh::fork` FS-6): into the first
+/// tier's engine for the default pool ([`prepare_forked_procs`]), from
+/// the compile cache only (a compile starts threads, which a fork server
+/// must not). A program not yet in the cache, or one that does not fit
+/// the first tier, is left to its procs to load, as is every failure.
+/// Starts no thread.
+pub fn preload_forked_program(path: &std::path::Path, sha256: &str) {
+    let key = program_key(sha256, engine::DEFAULT_MAX_INSTANCES, false);
+    let mut preloaded = PRELOADED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(at) = preloaded.iter().position(|(k, _)| *k == key) {
+        let entry = preloaded.remove(at);
+        preloaded.push(entry);
+        return;
+    }
+    let loaded = (|| {
+        let bytes = engine::Mapped::open(path).ok()?;
+        let footprint = engine::inspect_blob(path, &bytes).ok()?;
+        let needs = footprint.needs;
+        let (engine, linker) =
+            worker_engine_ticking(&needs, engine::DEFAULT_MAX_INSTANCES, 0, false, false).ok()?;
+        let loaded = engine::load_cached(&engine, path, footprint, sha256.to_string()).ok()??;
+        let pre = linker
+            .instantiate_pre(&loaded.component)
+            .and_then(ProgramPre::new)
+            .ok()?;
+        Some(Compiled {
+            engine,
+            pre,
+            program: ProgramBytes::in_file(sha256.to_string(), needs, path.to_path_buf()),
+        })
+    })();
+    if let Some(compiled) = loaded {
+        if preloaded.len() >= PRELOADED_PROGRAMS {
+            preloaded.remove(0);
+        }
+        preloaded.push((key, Arc::new(compiled)));
+    }
+}
+
+/// The program a fork server loaded for this proc (AL-7), if it did, in
+/// the engine of tier 0 this proc gets, whose epoch ticker it starts.
+fn preloaded(params: &WasmSpawnParams, tier: usize) -> Option<Arc<Compiled>> {
+    if tier != 0 {
+        return None;
+    }
+    let key = program_key(&params.sha256, params.max_instances, params.debug_engine);
+    let compiled = PRELOADED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, compiled)| compiled.clone())?;
+    let (engine, _) = worker_engine(
+        &compiled.program.needs,
+        params.max_instances,
+        0,
+        params.debug_engine,
+    )
+    .ok()?;
+    wasmtime::Engine::same(&engine, &compiled.engine).then_some(compiled)
+}
+
 /// Loads a program from the host's blob store, through the compile cache,
 /// into this process's engine of tier `tier`. The blob is mapped, not
 /// read: the proc keeps no copy of its bytes.
@@ -1021,6 +1092,10 @@ async fn load_program(
     tier: usize,
 ) -> Result<Arc<Compiled>, String> {
     let path = blob_path(&args.blob_dir, &params.sha256)?;
+    if let Some(compiled) = preloaded(params, tier) {
+        tracing::debug!(sha256 = %params.sha256, "the program, as the fork server loaded it");
+        return Ok(compiled);
+    }
     let instances = params.max_instances;
     let debug_engine = params.debug_engine;
     let sha256 = params.sha256.clone();

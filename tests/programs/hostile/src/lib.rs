@@ -7,7 +7,10 @@
 //! attacks; with it, rank 0 of a `Hostile` mesh on two procs attacks
 //! inside its `attack` endpoint, the controller logs how the call ended
 //! (`the attack ended: KIND: MESSAGE`), checks that rank 1, on the other
-//! proc, still answers, and returns Ok. The modes:
+//! proc, still answers, and returns Ok. With `actor later`, a mesh of
+//! one proc is spawned and stopped first, so that the attacking procs
+//! start after the program was stored on the host (with a fork server,
+//! they are forked with the program loaded, AL-7). The modes:
 //!
 //! - `loop`: computes forever without calling the host. Only the run's
 //!   deadline (`--timeout`) or the handler deadline (`--handler-timeout`)
@@ -561,7 +564,7 @@ fn mesh_json(
 }
 
 async fn main(args: Vec<String>) -> Result<(), String> {
-    let usage = "usage: hostile MODE [actor], or hostile fuzz SEED COUNT [actor]";
+    let usage = "usage: hostile MODE [actor [later]], or hostile fuzz SEED COUNT [actor [later]]";
     let first = args.first().ok_or(usage)?;
     // A mode and its arguments travel to the attacking actor as one string.
     let words = if first == "fuzz" { 3 } else { 1 };
@@ -569,9 +572,10 @@ async fn main(args: Vec<String>) -> Result<(), String> {
         return Err(usage.into());
     }
     let mode = args[..words].join(" ");
-    let in_actor = match &args[words..] {
-        [] => false,
-        [last] if last == "actor" => true,
+    let (in_actor, later) = match &args[words..] {
+        [] => (false, false),
+        [last] if last == "actor" => (true, false),
+        [actor, later] if actor == "actor" && later == "later" => (true, true),
         rest => return Err(format!("{usage}; unknown `{}`", rest.join(" "))),
     };
     if mode == "files" && !in_actor {
@@ -580,6 +584,15 @@ async fn main(args: Vec<String>) -> Result<(), String> {
     // The actors' failures are handled here: what an attack does to its
     // actor is what the controller reports.
     monarch_guest::supervise(|_| true);
+    if later {
+        let first = spawn_procs(&extent!(procs = 1))?;
+        first
+            .spawn::<Hostile>("first", &())?
+            .call_one(&Ping)
+            .await
+            .map_err(|e| format!("the first mesh does not answer: {e}"))?;
+        first.stop();
+    }
     let procs = spawn_procs(&extent!(procs = 2))?;
     let actors = procs.spawn::<Hostile>("hostile", &())?;
     let attacker = actors.at("procs", 0)?;
