@@ -507,7 +507,10 @@ fn main() -> ExitCode {
         // A fork server returns here only in each proc it forks (AL-5),
         // which then reads its environment as a started proc would.
         hyperactor_mesh::fork::serve_forks_prepared(
-            monarch_host::wasm_actor::prepare_forked_procs,
+            || {
+                monarch_host::wasm_actor::prepare_forked_procs();
+                monarch_host::proc_log::prepare(monarch_host::proc_log::PROC_FILTER);
+            },
             monarch_host::wasm_actor::preload_forked_program,
         );
     }
@@ -526,20 +529,19 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    // A proc logs as `monarch-host bootstrap` does: actor failures reach
-    // the program as values, so hyperactor's own report of them is noise.
-    let default_filter = if matches!(cli.suite, Suite::Bootstrap | Suite::TensorBootstrap) {
-        "warn,hyperactor::actor=off"
+    if matches!(cli.suite, Suite::Bootstrap | Suite::TensorBootstrap) {
+        // A proc logs as `monarch-host bootstrap` does (PL-1), with the log
+        // its fork server made if it was forked (PL-2).
+        monarch_host::proc_log::init(monarch_host::proc_log::PROC_FILTER);
     } else {
-        "warn,monarch_bench=info"
-    };
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        let filter = EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| EnvFilter::new("warn,monarch_bench=info"));
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .init();
+    }
     match cli.suite {
         Suite::Runtime(args) => {
             let threads = usize::from(args.worker_threads);

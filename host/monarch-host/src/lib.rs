@@ -41,6 +41,7 @@ pub mod mesh;
 pub mod native;
 pub mod observe;
 mod output;
+pub mod proc_log;
 pub mod progress;
 pub mod rdma;
 pub mod tensor;

@@ -632,7 +632,7 @@ fn init_tracing() {
             // Actor failures reach the program as values; their Wasm
             // backtraces are logged at info (RUST_LOG=monarch_host=info).
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,hyperactor::actor=off".into()),
+                .unwrap_or_else(|_| monarch_host::proc_log::PROC_FILTER.into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -643,10 +643,13 @@ fn init_tracing() {
 fn bootstrap() -> ExitCode {
     // A fork server returns here only in each proc it forks (AL-5).
     hyperactor_mesh::fork::serve_forks_prepared(
-        monarch_host::wasm_actor::prepare_forked_procs,
+        || {
+            monarch_host::wasm_actor::prepare_forked_procs();
+            monarch_host::proc_log::prepare(monarch_host::proc_log::PROC_FILTER);
+        },
         monarch_host::wasm_actor::preload_forked_program,
     );
-    init_tracing();
+    monarch_host::proc_log::init(monarch_host::proc_log::PROC_FILTER);
     if std::env::var_os(IGNORE_SIGTERM_ENV).is_some() {
         // SAFETY: setting a signal's disposition to SIG_IGN.
         unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
