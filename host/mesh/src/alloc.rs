@@ -49,6 +49,11 @@ pub const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(30);
 /// The environment variable that carries a child's [`BootstrapConfig`].
 pub const BOOTSTRAP_ENV: &str = "MONARCH_BOOTSTRAP";
 
+/// The environment variable that gives a started child proc the pid of
+/// the process that started it: the child asks for a parent-death signal
+/// itself, then checks that its parent is still that process (AL-1).
+pub const DIE_WITH_ENV: &str = "MONARCH_DIE_WITH";
+
 /// Whether allocators made from now on fork their children (AL-5).
 static FORK_SERVER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -850,22 +855,19 @@ fn spawn(
     json: &str,
 ) -> std::io::Result<tokio::process::Child> {
     let mut cmd = tokio::process::Command::new(program);
+    // AL-1: the child sets its own parent-death signal ([`DIE_WITH_ENV`]):
+    // a hook run before its exec would make the standard library fork this
+    // whole process (its page tables copied, then torn down by the exec, a
+    // third of a started proc's CPU), where without one it starts the
+    // child with `posix_spawn`, which shares this process's memory until
+    // the exec.
     cmd.args(&command.args)
         .env(BOOTSTRAP_ENV, json)
+        .env(DIE_WITH_ENV, std::process::id().to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .kill_on_drop(true);
-    // SAFETY: prctl is async-signal-safe; the closure allocates nothing.
-    unsafe {
-        cmd.pre_exec(|| {
-            // AL-1: die with the parent even if it is killed outright.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
     cmd.spawn()
 }
 
@@ -1080,6 +1082,24 @@ pub async fn bootstrap_main(
     })?;
     let config: BootstrapConfig = serde_json::from_str(&text)
         .map_err(|e| anyhow::anyhow!("{BOOTSTRAP_ENV} is not valid: {e}"))?;
+    // AL-1: a started proc dies with the process that started it, even one
+    // killed outright; asked for here, after the exec, so a parent that
+    // ended before is caught by its pid. (A forked proc's server asked for
+    // it before the fork, and does not pass this on.)
+    if let Some(parent) = std::env::var_os(DIE_WITH_ENV) {
+        let parent: Option<libc::pid_t> = parent.to_str().and_then(|p| p.parse().ok());
+        // SAFETY: prctl(2) with plain integer arguments.
+        if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } != 0 {
+            anyhow::bail!(
+                "cannot ask to die with the parent: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        // SAFETY: getppid has no preconditions.
+        if Some(unsafe { libc::getppid() }) != parent {
+            anyhow::bail!("the parent exited before this proc started");
+        }
+    }
     // SAFETY: getppid has no preconditions.
     if unsafe { libc::getppid() } == 1 {
         anyhow::bail!("the parent exited before this proc started");

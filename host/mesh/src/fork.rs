@@ -383,7 +383,9 @@ impl Request {
     fn here(extra: &[(&str, &str)]) -> io::Result<Self> {
         let mut env: Vec<OsString> = std::env::vars_os()
             .filter(|(k, _)| {
-                k != FORK_SERVER_ENV && !extra.iter().any(|(e, _)| k.as_bytes() == e.as_bytes())
+                k != FORK_SERVER_ENV
+                    && k != crate::alloc::DIE_WITH_ENV
+                    && !extra.iter().any(|(e, _)| k.as_bytes() == e.as_bytes())
             })
             .map(|(k, v)| {
                 let mut pair = k;
