@@ -202,7 +202,8 @@ struct RunArgs {
     /// Forks every child proc from one started process, the fork server
     /// (a child of this one, `monarch-host fork-server` in `ps`, whose
     /// children the procs are), instead of starting this binary for each:
-    /// each proc then costs about a quarter of the CPU to start and stop.
+    /// each proc then costs less than half the CPU to start and stop, as
+    /// the server holds the program loaded.
     #[arg(long, conflicts_with = "in_process")]
     fork_server: bool,
     /// Component instances one process holds at once: with

@@ -120,8 +120,8 @@ pub struct ServeArgs {
     /// Forks every child proc from one started process, the fork server
     /// (a child of the server, `monarch-host fork-server` in `ps`, whose
     /// children the procs are), instead of starting this binary for each:
-    /// a fresh mesh's procs then cost about a quarter of the CPU, and
-    /// fresh-mesh jobs run about four times as often (docs/benchmarks.md,
+    /// a fresh mesh's procs then cost less than half the CPU, and
+    /// fresh-mesh jobs run about twice as often (docs/benchmarks.md,
     /// "Fresh meshes").
     #[arg(long)]
     fork_server: bool,
