@@ -234,7 +234,7 @@ impl Allocator for InProcessAllocator {
 
     fn put_blob(&self, sha256: String, bytes: Arc<Vec<u8>>) -> BoxFuture<Result<(), AllocError>> {
         let registry = self.registry.clone();
-        Box::pin(async move { put_local_blob(registry, sha256, bytes).await })
+        Box::pin(async move { put_local_blob(registry, sha256, bytes, |_, _| {}).await })
     }
 
     fn stop_all(&self) {
@@ -259,16 +259,22 @@ impl Allocator for InProcessAllocator {
     }
 }
 
+/// Stores a blob in `registry`'s directory, then runs `stored` with its
+/// path and sha256, off the runtime.
 async fn put_local_blob(
     registry: Arc<Registry>,
     sha256: String,
     bytes: Arc<Vec<u8>>,
+    stored: impl FnOnce(&Path, &str) + Send + 'static,
 ) -> Result<(), AllocError> {
-    tokio::task::spawn_blocking(move || registry.put_blob(&sha256, &bytes))
-        .await
-        .map_err(|e| AllocError(format!("storing a blob panicked: {e}")))?
-        .map(|_| ())
-        .map_err(AllocError)
+    tokio::task::spawn_blocking(move || {
+        let path = registry.put_blob(&sha256, &bytes)?;
+        stored(&path, &sha256);
+        Ok(())
+    })
+    .await
+    .map_err(|e| AllocError(format!("storing a blob panicked: {e}")))?
+    .map_err(AllocError)
 }
 
 /// What a child proc is told at start, as JSON in [`BOOTSTRAP_ENV`].
@@ -514,21 +520,20 @@ impl Allocator for LocalAllocator {
             let program = self.run.as_deref().unwrap_or(&self.command.program);
             (program.to_path_buf(), self.command.args.clone())
         });
-        Box::pin(async move {
-            tokio::task::spawn_blocking(move || {
-                let path = registry.put_blob(&sha256, &bytes).map_err(AllocError)?;
+        Box::pin(put_local_blob(
+            registry,
+            sha256,
+            bytes,
+            move |path, sha256| {
                 if let Some((program, args)) = server {
                     let told = crate::fork::ForkServer::of(&program, &args)
-                        .and_then(|server| server.preload(&path, &sha256));
+                        .and_then(|server| server.preload(path, sha256));
                     if let Err(e) = told {
                         tracing::debug!(error = %e, "cannot have the fork server load a program");
                     }
                 }
-                Ok(())
-            })
-            .await
-            .map_err(|e| AllocError(format!("storing a blob panicked: {e}")))?
-        })
+            },
+        ))
     }
 
     fn stop_all(&self) {
