@@ -28,6 +28,13 @@
 //!   ([`crate::fork::ForkServer::preload`], FS-6), so that the server can
 //!   load the program before it forks the next procs, which then inherit
 //!   it instead of each loading it.
+//! - AL-8: the children's Unix sockets live in a directory of their own
+//!   (mode 0700) under [`socket_root`]: `MONARCH_SOCKET_DIR`, else
+//!   `XDG_RUNTIME_DIR`, else `/dev/shm` where it is a tmpfs, else the
+//!   temporary directory. A socket is an inode, and on a disk file system
+//!   making one costs far more than in memory (ext4 searches its inode
+//!   bitmap past every inode freed in the last seconds, so the cost grows
+//!   with the rate procs come and go).
 
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -53,6 +60,50 @@ pub const BOOTSTRAP_ENV: &str = "MONARCH_BOOTSTRAP";
 /// the process that started it: the child asks for a parent-death signal
 /// itself, then checks that its parent is still that process (AL-1).
 pub const DIE_WITH_ENV: &str = "MONARCH_DIE_WITH";
+
+/// The environment variable naming the directory under which allocators
+/// make their children's socket directories (AL-8).
+pub const SOCKET_DIR_ENV: &str = "MONARCH_SOCKET_DIR";
+
+/// Where allocators make their children's socket directories (AL-8):
+/// `MONARCH_SOCKET_DIR` if set, else `XDG_RUNTIME_DIR` (the per-user
+/// directory for sockets), else `/dev/shm` if it is a tmpfs this process
+/// may write to, else [`std::env::temp_dir`].
+pub fn socket_root() -> PathBuf {
+    socket_root_from(|name| std::env::var_os(name), Path::new("/dev/shm"))
+}
+
+/// [`socket_root`], with the environment read through `var` and `shm`
+/// in place of `/dev/shm`.
+fn socket_root_from(var: impl Fn(&str) -> Option<std::ffi::OsString>, shm: &Path) -> PathBuf {
+    let from_env = |name: &str| var(name).map(PathBuf::from).filter(|p| p.is_absolute());
+    if let Some(dir) = from_env(SOCKET_DIR_ENV) {
+        return dir;
+    }
+    if let Some(dir) = from_env("XDG_RUNTIME_DIR").filter(|d| d.is_dir()) {
+        return dir;
+    }
+    if in_memory_and_writable(shm) {
+        return shm.to_path_buf();
+    }
+    std::env::temp_dir()
+}
+
+/// Whether `dir` is a tmpfs directory this process may make files in.
+fn in_memory_and_writable(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: a statfs is plain data, for which all zeroes is a value.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `fs` a statfs to fill.
+    if unsafe { libc::statfs(c.as_ptr(), &mut fs) } != 0 || fs.f_type != libc::TMPFS_MAGIC {
+        return false;
+    }
+    // SAFETY: `c` is a NUL-terminated path.
+    unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+}
 
 /// Whether allocators made from now on fork their children (AL-5).
 static FORK_SERVER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -356,12 +407,27 @@ impl LocalAllocator {
     /// blobs where `registry` says.
     pub fn new(command: BootstrapCommand, registry: Arc<Registry>) -> std::io::Result<Self> {
         static ALLOCATORS: AtomicUsize = AtomicUsize::new(0);
-        let socket_dir = std::env::temp_dir().join(format!(
+        let socket_dir = socket_root().join(format!(
             "monarch-{}-{}",
             std::process::id(),
             ALLOCATORS.fetch_add(1, Ordering::Relaxed)
         ));
-        std::fs::create_dir_all(&socket_dir)?;
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&socket_dir)
+                .map_err(|e| {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!(
+                            "cannot make the procs' socket directory {}: {e}",
+                            socket_dir.display()
+                        ),
+                    )
+                })?;
+        }
         // The copy of the program procs run, made now if it is not yet.
         let run = crate::exe::for_procs(&command.program);
         Ok(LocalAllocator {
@@ -1167,6 +1233,68 @@ pub async fn bootstrap_main(
 mod tests {
     use super::*;
     use crate::client::MeshClient;
+
+    /// AL-8: the socket root is the one the environment names, else the
+    /// per-user runtime directory, else an in-memory file system, else
+    /// the temporary directory; a relative or missing directory is passed
+    /// over.
+    #[test]
+    fn sockets_go_where_the_environment_says_else_in_memory_else_in_tmp() {
+        let existing = std::env::temp_dir();
+        let env = |pairs: Vec<(&'static str, std::ffi::OsString)>| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.clone())
+            }
+        };
+        let tmp = std::env::temp_dir();
+        let named = env(vec![
+            (SOCKET_DIR_ENV, "/somewhere/else".into()),
+            ("XDG_RUNTIME_DIR", existing.clone().into()),
+        ]);
+        assert_eq!(
+            socket_root_from(named, Path::new("/proc")),
+            PathBuf::from("/somewhere/else")
+        );
+        let runtime = env(vec![
+            (SOCKET_DIR_ENV, "relative/dir".into()),
+            ("XDG_RUNTIME_DIR", existing.clone().into()),
+        ]);
+        assert_eq!(socket_root_from(runtime, Path::new("/proc")), existing);
+        let missing = env(vec![("XDG_RUNTIME_DIR", "/no/such/runtime/dir".into())]);
+        assert_eq!(socket_root_from(missing, Path::new("/no/such/shm")), tmp);
+        // /proc is no tmpfs: sockets cannot go there.
+        assert_eq!(socket_root_from(env(vec![]), Path::new("/proc")), tmp);
+        if in_memory_and_writable(Path::new("/dev/shm")) {
+            assert_eq!(
+                socket_root_from(env(vec![]), Path::new("/dev/shm")),
+                PathBuf::from("/dev/shm")
+            );
+        }
+    }
+
+    /// AL-8: an allocator's socket directory is under the socket root,
+    /// only its owner may enter it, and it goes with the allocator.
+    #[test]
+    fn the_socket_directory_is_private_and_removed_with_its_allocator() {
+        use std::os::unix::fs::PermissionsExt;
+        let command = BootstrapCommand {
+            program: "/bin/true".into(),
+            args: vec![],
+        };
+        let registry = Arc::new(crate::testing::echo_registry(
+            std::env::temp_dir().join("mesh-test-blobs"),
+        ));
+        let allocator = LocalAllocator::new(command, registry).unwrap();
+        let dir = allocator.socket_dir.clone();
+        assert_eq!(dir.parent(), Some(socket_root().as_path()));
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "{}", dir.display());
+        drop(allocator);
+        assert!(!dir.exists(), "{} is left behind", dir.display());
+    }
 
     /// The hook of `reporting_procs_up` hears of each proc as it comes
     /// up, and only for the allocation it wraps.

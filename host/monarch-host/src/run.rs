@@ -746,7 +746,7 @@ pub(crate) async fn start_client(
             };
             let allocator = LocalAllocator::new(command, Arc::new(Registry::new(blob_dir)))
                 .map_err(|e| format!("cannot prepare child procs: {e}"))?;
-            let socket = std::env::temp_dir().join(format!("monarch-{run}.sock"));
+            let socket = hyperactor_mesh::alloc::socket_root().join(format!("monarch-{run}.sock"));
             (format!("unix:{}", socket.display()), Arc::new(allocator))
         }
         Placement::Hosts {

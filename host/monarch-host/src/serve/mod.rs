@@ -397,7 +397,7 @@ impl State {
                     let allocator = LocalAllocator::new(command, Arc::new(Registry::new(blob_dir)))
                         .map_err(|e| format!("cannot prepare child procs: {e}"))?;
                     let nth = self.meshes_made.fetch_add(1, Ordering::Relaxed);
-                    let socket = std::env::temp_dir()
+                    let socket = hyperactor_mesh::alloc::socket_root()
                         .join(format!("monarch-serve-{}-{nth}.sock", std::process::id()));
                     let addr = format!("unix:{}", socket.display());
                     (addr, Arc::new(allocator), hyperactor::ProcConfig::default())
