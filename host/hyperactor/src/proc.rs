@@ -290,7 +290,7 @@ impl Default for ProcConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ProcError {
     /// The listener could not be bound.
-    #[error("cannot serve on {addr}")]
+    #[error("cannot serve on {addr}: {source}")]
     Bind {
         /// The address asked for.
         addr: ChannelAddr,

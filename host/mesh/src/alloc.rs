@@ -65,6 +65,11 @@ pub const DIE_WITH_ENV: &str = "MONARCH_DIE_WITH";
 /// make their children's socket directories (AL-8).
 pub const SOCKET_DIR_ENV: &str = "MONARCH_SOCKET_DIR";
 
+/// The longest socket directory an allocator accepts: a Unix socket's
+/// path holds at most 107 bytes, and a proc's socket in it is named
+/// after the proc.
+const MAX_SOCKET_DIR_LEN: usize = 72;
+
 /// Where allocators make their children's socket directories (AL-8):
 /// `MONARCH_SOCKET_DIR` if set, else `XDG_RUNTIME_DIR` (the per-user
 /// directory for sockets), else `/dev/shm` if it is a tmpfs this process
@@ -103,6 +108,159 @@ fn in_memory_and_writable(dir: &Path) -> bool {
     }
     // SAFETY: `c` is a NUL-terminated path.
     unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+}
+
+/// The lock file in an allocator's socket directory.
+const SOCKET_DIR_LOCK: &str = ".lock";
+
+/// How old a leftover must be before [`sweep_stale`] removes it: a
+/// directory is made before its lock is taken.
+const STALE_AFTER: Duration = Duration::from_secs(60);
+
+/// Makes and takes the lock of the socket directory `dir` (AL-8).
+fn lock_socket_dir(dir: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(SOCKET_DIR_LOCK))?;
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(file)
+}
+
+/// Sweeps `root` ([`sweep_stale`]) once in this process, on a thread of
+/// its own so that no allocator waits for it.
+fn sweep_stale_once(root: &Path) {
+    static SWEPT: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+    {
+        let mut swept = SWEPT.lock();
+        if swept.iter().any(|r| r == root) {
+            return;
+        }
+        swept.push(root.to_path_buf());
+    }
+    let root = root.to_path_buf();
+    let _ = std::thread::Builder::new()
+        .name("socket-sweep".into())
+        .spawn(move || {
+            let removed = sweep_stale(&root, STALE_AFTER);
+            if removed > 0 {
+                tracing::debug!(root = %root.display(), removed, "removed leftover sockets");
+            }
+        });
+}
+
+/// Removes from `root` what processes of this user left there when they
+/// ended without cleaning up (killed, or exited past their destructors),
+/// and returns how many entries it removed (AL-8):
+/// - socket directories `monarch-PID-N` whose lock no process holds (or,
+///   made before there were locks, whose process is gone);
+/// - controller sockets `monarch-runPID-N.sock` and
+///   `monarch-serve-PID-N.sock` whose process is gone and that refuse a
+///   connection.
+///
+/// Nothing younger than `older_than`, nothing of another user and
+/// nothing of a process still alive is touched.
+pub fn sweep_stale(root: &Path, older_than: Duration) -> usize {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some((pid, socket)) = name.to_str().and_then(leftover_owner) else {
+            continue;
+        };
+        let path = entry.path();
+        let Ok(meta) = path.symlink_metadata() else {
+            continue;
+        };
+        let old = meta
+            .modified()
+            .ok()
+            .and_then(|m| m.elapsed().ok())
+            .is_some_and(|age| age >= older_than);
+        if meta.uid() != me || !old || pid == std::process::id() {
+            continue;
+        }
+        let gone = !process_alive(pid);
+        if socket {
+            let refused = std::os::unix::net::UnixStream::connect(&path).is_err();
+            if meta.file_type().is_socket()
+                && gone
+                && refused
+                && std::fs::remove_file(&path).is_ok()
+            {
+                removed += 1;
+            }
+            continue;
+        }
+        if !meta.is_dir() {
+            continue;
+        }
+        // The lock, taken and held while the directory goes; without
+        // one, the directory predates locks and goes if its process did.
+        let free = match lock_socket_dir_existing(&path) {
+            Some(lock) => lock.is_ok(),
+            None => gone,
+        };
+        if free && std::fs::remove_dir_all(&path).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// Takes the lock of an existing socket directory: None when it has no
+/// lock file, Some(Err) when a process holds it.
+fn lock_socket_dir_existing(dir: &Path) -> Option<std::io::Result<std::fs::File>> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join(SOCKET_DIR_LOCK))
+        .ok()?;
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Some(Err(std::io::Error::last_os_error()));
+    }
+    Some(Ok(file))
+}
+
+/// The pid in the name of an allocator's leftover, and whether it is a
+/// controller's socket (else a socket directory): `monarch-PID-N`,
+/// `monarch-runPID-N.sock`, `monarch-serve-PID-N.sock`.
+fn leftover_owner(name: &str) -> Option<(u32, bool)> {
+    let numbered = |rest: &str| -> Option<u32> {
+        let (pid, n) = rest.split_once('-')?;
+        let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+        (digits(pid) && digits(n))
+            .then(|| pid.parse().ok())
+            .flatten()
+    };
+    if let Some(rest) = name.strip_prefix("monarch-run") {
+        return numbered(rest.strip_suffix(".sock")?).map(|pid| (pid, true));
+    }
+    if let Some(rest) = name.strip_prefix("monarch-serve-") {
+        return numbered(rest.strip_suffix(".sock")?).map(|pid| (pid, true));
+    }
+    numbered(name.strip_prefix("monarch-")?).map(|pid| (pid, false))
+}
+
+/// Whether a process `pid` exists (in this pid namespace).
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 only checks that the process exists.
+    let sent = unsafe { libc::kill(pid, 0) } == 0;
+    sent || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// Whether allocators made from now on fork their children (AL-5).
@@ -394,6 +552,9 @@ pub struct LocalAllocator {
     /// `unix` for sockets in a directory of this allocator, or `tcp:IP`.
     listen: String,
     socket_dir: PathBuf,
+    /// Held while this allocator lives: a socket directory whose lock
+    /// can be taken is left over (AL-8, [`sweep_stale`]).
+    _lock: std::fs::File,
     children: Arc<Mutex<Vec<ChildEntry>>>,
     /// Set by `stop_all`: the last child to end removes the socket directory.
     stopped: Arc<std::sync::atomic::AtomicBool>,
@@ -406,12 +567,35 @@ impl LocalAllocator {
     /// Children started by `command`, on Unix sockets, whose host keeps
     /// blobs where `registry` says.
     pub fn new(command: BootstrapCommand, registry: Arc<Registry>) -> std::io::Result<Self> {
+        Self::new_under(command, registry, &socket_root())
+    }
+
+    /// [`LocalAllocator::new`], with its socket directory under `root`.
+    fn new_under(
+        command: BootstrapCommand,
+        registry: Arc<Registry>,
+        root: &Path,
+    ) -> std::io::Result<Self> {
         static ALLOCATORS: AtomicUsize = AtomicUsize::new(0);
-        let socket_dir = socket_root().join(format!(
+        let socket_dir = root.join(format!(
             "monarch-{}-{}",
             std::process::id(),
             ALLOCATORS.fetch_add(1, Ordering::Relaxed)
         ));
+        // A Unix socket's path holds at most 107 bytes; leave the procs'
+        // names room, and say so now rather than as each proc fails.
+        let len = socket_dir.as_os_str().len();
+        if len > MAX_SOCKET_DIR_LEN {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "the procs' socket directory {} is {len} bytes long, more than the {MAX_SOCKET_DIR_LEN} \
+                     that leave room for a proc's socket in a Unix socket's 107: \
+                     set {SOCKET_DIR_ENV} to a shorter directory",
+                    socket_dir.display()
+                ),
+            ));
+        }
         {
             use std::os::unix::fs::DirBuilderExt;
             std::fs::DirBuilder::new()
@@ -428,9 +612,12 @@ impl LocalAllocator {
                     )
                 })?;
         }
+        let lock = lock_socket_dir(&socket_dir)?;
+        sweep_stale_once(root);
         // The copy of the program procs run, made now if it is not yet.
         let run = crate::exe::for_procs(&command.program);
         Ok(LocalAllocator {
+            _lock: lock,
             run: (run != command.program).then_some(run),
             command,
             registry,
@@ -1234,6 +1421,16 @@ mod tests {
     use super::*;
     use crate::client::MeshClient;
 
+    /// What an allocator that starts no proc is made of.
+    fn idle_parts() -> (BootstrapCommand, Arc<Registry>) {
+        let command = BootstrapCommand {
+            program: "/bin/true".into(),
+            args: vec![],
+        };
+        let registry = crate::testing::echo_registry(std::env::temp_dir().join("mesh-test-blobs"));
+        (command, Arc::new(registry))
+    }
+
     /// AL-8: the socket root is the one the environment names, else the
     /// per-user runtime directory, else an in-memory file system, else
     /// the temporary directory; a relative or missing directory is passed
@@ -1280,13 +1477,7 @@ mod tests {
     #[test]
     fn the_socket_directory_is_private_and_removed_with_its_allocator() {
         use std::os::unix::fs::PermissionsExt;
-        let command = BootstrapCommand {
-            program: "/bin/true".into(),
-            args: vec![],
-        };
-        let registry = Arc::new(crate::testing::echo_registry(
-            std::env::temp_dir().join("mesh-test-blobs"),
-        ));
+        let (command, registry) = idle_parts();
         let allocator = LocalAllocator::new(command, registry).unwrap();
         let dir = allocator.socket_dir.clone();
         assert_eq!(dir.parent(), Some(socket_root().as_path()));
@@ -1294,6 +1485,97 @@ mod tests {
         assert_eq!(mode & 0o777, 0o700, "{}", dir.display());
         drop(allocator);
         assert!(!dir.exists(), "{} is left behind", dir.display());
+    }
+
+    /// AL-8: the names of an allocator's leftovers, and no others.
+    #[test]
+    fn leftovers_are_known_by_their_names_only() {
+        assert_eq!(leftover_owner("monarch-123-4"), Some((123, false)));
+        assert_eq!(leftover_owner("monarch-run123-4.sock"), Some((123, true)));
+        assert_eq!(leftover_owner("monarch-serve-77-0.sock"), Some((77, true)));
+        for other in [
+            "monarch-bench-760",
+            "monarch-host",
+            "monarch-123-4.sock",
+            "monarch-123-",
+            "monarch--4",
+            "monarch-run123.sock",
+            "monarch-demo-12",
+            "something-else",
+        ] {
+            assert_eq!(leftover_owner(other), None, "{other}");
+        }
+    }
+
+    /// AL-8: a sweep removes the socket directories no allocator holds
+    /// and the controller sockets of processes that are gone, and keeps
+    /// a live allocator's directory, a live process's socket, anything
+    /// younger than asked, and what is not an allocator's.
+    #[test]
+    fn a_sweep_removes_what_ended_processes_left_and_keeps_the_rest() {
+        let root = std::env::temp_dir().join(format!("sweep-test-{}", std::process::id()));
+        std::fs::remove_dir_all(&root).ok();
+        std::fs::create_dir_all(&root).unwrap();
+        let dead = {
+            let mut child = std::process::Command::new("/bin/true").spawn().unwrap();
+            let pid = child.id();
+            child.wait().unwrap();
+            pid
+        };
+        // SAFETY: getppid has no preconditions.
+        let alive = unsafe { libc::getppid() } as u32;
+        let (command, registry) = idle_parts();
+        let live = LocalAllocator::new_under(command, registry, &root).unwrap();
+        // A directory whose allocator ended: its lock is free.
+        let unlocked = root.join(format!("monarch-{alive}-90"));
+        std::fs::create_dir(&unlocked).unwrap();
+        drop(lock_socket_dir(&unlocked).unwrap());
+        std::fs::write(unlocked.join("proc0.sock"), b"").unwrap();
+        // Directories from before locks: gone with their process or not.
+        let old_dead = root.join(format!("monarch-{dead}-91"));
+        let old_alive = root.join(format!("monarch-{alive}-92"));
+        std::fs::create_dir(&old_dead).unwrap();
+        std::fs::create_dir(&old_alive).unwrap();
+        // Controller sockets: nobody listens on either.
+        let socket_dead = root.join(format!("monarch-run{dead}-0.sock"));
+        let socket_alive = root.join(format!("monarch-serve-{alive}-0.sock"));
+        drop(std::os::unix::net::UnixListener::bind(&socket_dead).unwrap());
+        drop(std::os::unix::net::UnixListener::bind(&socket_alive).unwrap());
+        let unrelated = root.join(format!("monarch-bench-{dead}"));
+        std::fs::create_dir(&unrelated).unwrap();
+
+        assert_eq!(
+            sweep_stale(&root, Duration::from_secs(3600)),
+            0,
+            "nothing is old enough"
+        );
+        assert_eq!(sweep_stale(&root, Duration::ZERO), 3);
+        assert!(!unlocked.exists() && !old_dead.exists() && !socket_dead.exists());
+        assert!(
+            live.socket_dir.exists(),
+            "a live allocator's directory stays"
+        );
+        assert!(old_alive.exists() && socket_alive.exists() && unrelated.exists());
+        drop(live);
+        std::fs::remove_dir_all(&root).ok();
+    }
+
+    /// AL-8: a socket root too long for the procs' sockets is refused
+    /// when the allocator is made, naming the variable that moves it.
+    #[test]
+    fn a_socket_root_too_long_for_unix_sockets_is_refused_up_front() {
+        let (command, registry) = idle_parts();
+        let long = std::env::temp_dir().join("x".repeat(80));
+        let err = LocalAllocator::new_under(command, registry, &long)
+            .err()
+            .expect("a directory too long for sockets");
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+        let text = err.to_string();
+        assert!(
+            text.contains(SOCKET_DIR_ENV) && text.contains("107"),
+            "{text}"
+        );
+        assert!(!long.exists(), "nothing is made for a refused allocator");
     }
 
     /// The hook of `reporting_procs_up` hears of each proc as it comes
