@@ -646,7 +646,7 @@ impl LocalAllocator {
     /// Children listen on TCP at `ip` (any free port) instead of Unix
     /// sockets, so that other hosts can reach them.
     pub fn listen_tcp(mut self, ip: std::net::IpAddr) -> Self {
-        std::fs::remove_dir(&self.socket_dir).ok();
+        std::fs::remove_dir_all(&self.socket_dir).ok();
         self.listen = format!("tcp:{}", std::net::SocketAddr::new(ip, 0));
         self
     }
@@ -1558,6 +1558,21 @@ mod tests {
         assert!(old_alive.exists() && socket_alive.exists() && unrelated.exists());
         drop(live);
         std::fs::remove_dir_all(&root).ok();
+    }
+
+    /// AL-8: an allocator whose procs listen on TCP keeps no socket
+    /// directory.
+    #[test]
+    fn an_allocator_on_tcp_keeps_no_socket_directory() {
+        let (command, registry) = idle_parts();
+        let allocator = LocalAllocator::new(command, registry)
+            .unwrap()
+            .listen_tcp(std::net::Ipv4Addr::LOCALHOST.into());
+        assert!(
+            !allocator.socket_dir.exists(),
+            "{} is left",
+            allocator.socket_dir.display()
+        );
     }
 
     /// AL-8: a socket root too long for the procs' sockets is refused
