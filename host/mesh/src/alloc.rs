@@ -192,10 +192,11 @@ pub fn sweep_stale(root: &Path, older_than: Duration) -> usize {
         }
         let gone = !process_alive(pid);
         if socket {
-            let refused = std::os::unix::net::UnixStream::connect(&path).is_err();
+            // Only a gone process's socket is tried, and only a refused
+            // one goes (the pid may be of another pid namespace).
             if meta.file_type().is_socket()
                 && gone
-                && refused
+                && std::os::unix::net::UnixStream::connect(&path).is_err()
                 && std::fs::remove_file(&path).is_ok()
             {
                 removed += 1;
@@ -207,13 +208,15 @@ pub fn sweep_stale(root: &Path, older_than: Duration) -> usize {
         }
         // The lock, taken and held while the directory goes; without
         // one, the directory predates locks and goes if its process did.
-        let free = match lock_socket_dir_existing(&path) {
-            Some(lock) => lock.is_ok(),
+        let lock = lock_socket_dir_existing(&path);
+        let free = match &lock {
+            Some(taken) => taken.is_ok(),
             None => gone,
         };
         if free && std::fs::remove_dir_all(&path).is_ok() {
             removed += 1;
         }
+        drop(lock);
     }
     removed
 }
