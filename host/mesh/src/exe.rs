@@ -135,11 +135,16 @@ fn name_as(program: &Path) {
 /// the copy (which a later build may remove). Procs started later and
 /// binaries copied to other hosts use it.
 pub fn current_exe() -> std::io::Result<PathBuf> {
-    match STARTED_AS.get() {
-        Some(program) => Ok(program.clone()),
-        None => std::env::current_exe(),
+    if let Some(program) = STARTED_AS.get().or_else(|| READ_AS.get()) {
+        return Ok(program.clone());
     }
+    let program = std::env::current_exe()?;
+    Ok(READ_AS.get_or_init(|| program).clone())
 }
+
+/// What [`current_exe`] read from `/proc/self/exe`, once a process: a
+/// fork server reads it before it forks, so its procs do not.
+static READ_AS: OnceLock<PathBuf> = OnceLock::new();
 
 /// Where monarch-host keeps what it can make again (compiled components,
 /// copies of its binary): `$MONARCH_CACHE_DIR`, else

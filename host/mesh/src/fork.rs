@@ -131,7 +131,10 @@ fn serve(prepare: impl FnOnce(), mut preload: impl FnMut(&Path, &str)) -> io::Re
     if let Some(title) = &title {
         title.set("fork-server");
     }
-    // Requests wait in the socket meanwhile.
+    // Requests wait in the socket meanwhile. The binary's path is read
+    // here once, for every proc (a read of `/proc/self/exe` in each would
+    // leave the server dentries to clear as it reaps them).
+    let _ = crate::exe::current_exe();
     prepare();
     let mut buf = vec![0u8; MAX_REQUEST];
     loop {

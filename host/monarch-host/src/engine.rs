@@ -482,6 +482,12 @@ pub fn start_epoch_ticker(engine: &Engine) {
     extern "C" fn tick(weak: *mut libc::c_void) -> *mut libc::c_void {
         // SAFETY: the box `start_epoch_ticker` leaked for this thread.
         let weak = unsafe { Box::from_raw(weak.cast::<wasmtime::EngineWeak>()) };
+        // Named from within: naming another thread goes through
+        // `/proc/self/task/TID/comm`, an open and a write, and leaves
+        // dentries that whoever reaps the proc must clear.
+        // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most
+        // 16 bytes.
+        unsafe { libc::prctl(libc::PR_SET_NAME, c"monarch-epoch".as_ptr()) };
         let pause = libc::timespec {
             tv_sec: EPOCH_TICK.as_secs() as libc::time_t,
             tv_nsec: EPOCH_TICK.subsec_nanos() as libc::c_long,
@@ -508,12 +514,8 @@ pub fn start_epoch_ticker(engine: &Engine) {
         libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
         let started = libc::pthread_create(&mut thread, &attr, tick, weak);
         libc::pthread_attr_destroy(&mut attr);
-        match started {
-            0 => {
-                let name = c"monarch-epoch";
-                libc::pthread_setname_np(thread, name.as_ptr());
-            }
-            _ => drop(Box::from_raw(weak.cast::<wasmtime::EngineWeak>())),
+        if started != 0 {
+            drop(Box::from_raw(weak.cast::<wasmtime::EngineWeak>()));
         }
     }
 }
@@ -1119,5 +1121,73 @@ mod cache_tests {
             key(PoolShape::any_program(8, 64 << 20)),
             key(PoolShape::for_program(&python, 16, 64 << 20))
         );
+    }
+}
+
+#[cfg(test)]
+mod ticker_tests {
+    use super::*;
+
+    /// Threads of this process named `name`.
+    fn named(name: &str) -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .map(|tasks| {
+                tasks
+                    .flatten()
+                    .filter(|t| {
+                        std::fs::read_to_string(t.path().join("comm"))
+                            .is_ok_and(|comm| comm.trim_end() == name)
+                    })
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    /// The epoch ticker shows in `ps` and `top` as `monarch-epoch`, moves
+    /// its engine's epoch, and ends once the engine is dropped.
+    #[test]
+    fn the_ticker_is_named_ticks_and_ends_with_its_engine() {
+        let mut config = wasmtime::Config::new();
+        config.epoch_interruption(true);
+        let engine = Engine::new(&config).unwrap();
+        let before = named("monarch-epoch");
+        start_epoch_ticker(&engine);
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while named("monarch-epoch") <= before {
+            assert!(
+                std::time::Instant::now() < until,
+                "no thread named monarch-epoch"
+            );
+            std::thread::sleep(EPOCH_TICK);
+        }
+        // A store whose deadline is one tick away traps once it passes.
+        let mut store = wasmtime::Store::new(&engine, ());
+        store.set_epoch_deadline(1);
+        // (module (func (export "spin") (loop (br 0))))
+        let spin_module: &[u8] = &[
+            0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // magic, version
+            0x01, 0x04, 0x01, 0x60, 0x00, 0x00, // type: () -> ()
+            0x03, 0x02, 0x01, 0x00, // function 0 of type 0
+            0x07, 0x08, 0x01, 0x04, b's', b'p', b'i', b'n', 0x00, 0x00, // export "spin"
+            0x0a, 0x09, 0x01, 0x07, 0x00, 0x03, 0x40, 0x0c, 0x00, 0x0b, 0x0b, // loop br 0
+        ];
+        let module = wasmtime::Module::new(&engine, spin_module).unwrap();
+        let instance = wasmtime::Instance::new(&mut store, &module, &[]).unwrap();
+        let spin = instance
+            .get_typed_func::<(), ()>(&mut store, "spin")
+            .unwrap();
+        assert!(
+            spin.call(&mut store, ()).is_err(),
+            "the spin was interrupted"
+        );
+        drop((instance, spin, store, module, engine));
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while named("monarch-epoch") > before {
+            assert!(
+                std::time::Instant::now() < until,
+                "the ticker outlived its engine"
+            );
+            std::thread::sleep(EPOCH_TICK);
+        }
     }
 }
