@@ -117,11 +117,13 @@ const SOCKET_DIR_LOCK: &str = ".lock";
 /// directory is made before its lock is taken.
 const STALE_AFTER: Duration = Duration::from_secs(60);
 
-/// Makes and takes the lock of the socket directory `dir` (AL-8).
-fn lock_socket_dir(dir: &Path) -> std::io::Result<std::fs::File> {
+/// Takes the lock of the socket directory `dir` (AL-8), making its lock
+/// file if `make`; an error when a process holds it, or (not `make`) when
+/// there is no lock file.
+fn lock_socket_dir(dir: &Path, make: bool) -> std::io::Result<std::fs::File> {
     use std::os::fd::AsRawFd;
     let file = std::fs::OpenOptions::new()
-        .create(true)
+        .create(make)
         .truncate(false)
         .write(true)
         .open(dir.join(SOCKET_DIR_LOCK))?;
@@ -208,10 +210,11 @@ pub fn sweep_stale(root: &Path, older_than: Duration) -> usize {
         }
         // The lock, taken and held while the directory goes; without
         // one, the directory predates locks and goes if its process did.
-        let lock = lock_socket_dir_existing(&path);
+        let lock = lock_socket_dir(&path, false);
         let free = match &lock {
-            Some(taken) => taken.is_ok(),
-            None => gone,
+            Ok(_) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => gone,
+            Err(_) => false,
         };
         if free && std::fs::remove_dir_all(&path).is_ok() {
             removed += 1;
@@ -221,24 +224,37 @@ pub fn sweep_stale(root: &Path, older_than: Duration) -> usize {
     removed
 }
 
-/// Takes the lock of an existing socket directory: None when it has no
-/// lock file, Some(Err) when a process holds it.
-fn lock_socket_dir_existing(dir: &Path) -> Option<std::io::Result<std::fs::File>> {
-    use std::os::fd::AsRawFd;
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(dir.join(SOCKET_DIR_LOCK))
-        .ok()?;
-    // SAFETY: flock on a descriptor this function owns.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Some(Err(std::io::Error::last_os_error()));
+/// Whose controller socket [`controller_socket`] names.
+#[derive(Debug, Clone, Copy)]
+pub enum ControllerSocket {
+    /// A mesh of `monarch-host run`: `monarch-runPID-N.sock`.
+    Run,
+    /// A fresh mesh of a `serve` job: `monarch-serve-PID-N.sock`.
+    Serve,
+}
+
+impl ControllerSocket {
+    fn prefix(self) -> &'static str {
+        match self {
+            ControllerSocket::Run => "monarch-run",
+            ControllerSocket::Serve => "monarch-serve-",
+        }
     }
-    Some(Ok(file))
+}
+
+/// Where the controller of this process's `nth` mesh of `kind` listens,
+/// under [`socket_root`], by a name [`sweep_stale`] knows (AL-8).
+pub fn controller_socket(kind: ControllerSocket, nth: u64) -> PathBuf {
+    socket_root().join(format!(
+        "{}{}-{nth}.sock",
+        kind.prefix(),
+        std::process::id()
+    ))
 }
 
 /// The pid in the name of an allocator's leftover, and whether it is a
-/// controller's socket (else a socket directory): `monarch-PID-N`,
-/// `monarch-runPID-N.sock`, `monarch-serve-PID-N.sock`.
+/// controller's socket (else a socket directory): `monarch-PID-N`, or a
+/// [`controller_socket`].
 fn leftover_owner(name: &str) -> Option<(u32, bool)> {
     let numbered = |rest: &str| -> Option<u32> {
         let (pid, n) = rest.split_once('-')?;
@@ -247,11 +263,10 @@ fn leftover_owner(name: &str) -> Option<(u32, bool)> {
             .then(|| pid.parse().ok())
             .flatten()
     };
-    if let Some(rest) = name.strip_prefix("monarch-run") {
-        return numbered(rest.strip_suffix(".sock")?).map(|pid| (pid, true));
-    }
-    if let Some(rest) = name.strip_prefix("monarch-serve-") {
-        return numbered(rest.strip_suffix(".sock")?).map(|pid| (pid, true));
+    for kind in [ControllerSocket::Run, ControllerSocket::Serve] {
+        if let Some(rest) = name.strip_prefix(kind.prefix()) {
+            return numbered(rest.strip_suffix(".sock")?).map(|pid| (pid, true));
+        }
     }
     numbered(name.strip_prefix("monarch-")?).map(|pid| (pid, false))
 }
@@ -615,7 +630,7 @@ impl LocalAllocator {
                     )
                 })?;
         }
-        let lock = lock_socket_dir(&socket_dir)?;
+        let lock = lock_socket_dir(&socket_dir, true)?;
         sweep_stale_once(root);
         // The copy of the program procs run, made now if it is not yet.
         let run = crate::exe::for_procs(&command.program);
@@ -1532,7 +1547,7 @@ mod tests {
         // A directory whose allocator ended: its lock is free.
         let unlocked = root.join(format!("monarch-{alive}-90"));
         std::fs::create_dir(&unlocked).unwrap();
-        drop(lock_socket_dir(&unlocked).unwrap());
+        drop(lock_socket_dir(&unlocked, true).unwrap());
         std::fs::write(unlocked.join("proc0.sock"), b"").unwrap();
         // Directories from before locks: gone with their process or not.
         let old_dead = root.join(format!("monarch-{dead}-91"));

@@ -726,11 +726,8 @@ pub(crate) async fn start_client(
     log: LogSink,
 ) -> Result<Arc<MeshClient>, String> {
     static RUNS: AtomicUsize = AtomicUsize::new(0);
-    let run = format!(
-        "run{}-{}",
-        std::process::id(),
-        RUNS.fetch_add(1, Ordering::Relaxed)
-    );
+    let nth = RUNS.fetch_add(1, Ordering::Relaxed);
+    let run = format!("run{}-{nth}", std::process::id());
     let blob_dir = blob_dir();
     let (addr, allocator): (String, Arc<dyn Allocator>) = match placement {
         Placement::InProcess => (
@@ -746,7 +743,10 @@ pub(crate) async fn start_client(
             };
             let allocator = LocalAllocator::new(command, Arc::new(Registry::new(blob_dir)))
                 .map_err(|e| format!("cannot prepare child procs: {e}"))?;
-            let socket = hyperactor_mesh::alloc::socket_root().join(format!("monarch-{run}.sock"));
+            let socket = hyperactor_mesh::alloc::controller_socket(
+                hyperactor_mesh::alloc::ControllerSocket::Run,
+                nth as u64,
+            );
             (format!("unix:{}", socket.display()), Arc::new(allocator))
         }
         Placement::Hosts {

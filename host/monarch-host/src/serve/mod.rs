@@ -397,8 +397,10 @@ impl State {
                     let allocator = LocalAllocator::new(command, Arc::new(Registry::new(blob_dir)))
                         .map_err(|e| format!("cannot prepare child procs: {e}"))?;
                     let nth = self.meshes_made.fetch_add(1, Ordering::Relaxed);
-                    let socket = hyperactor_mesh::alloc::socket_root()
-                        .join(format!("monarch-serve-{}-{nth}.sock", std::process::id()));
+                    let socket = hyperactor_mesh::alloc::controller_socket(
+                        hyperactor_mesh::alloc::ControllerSocket::Serve,
+                        nth,
+                    );
                     let addr = format!("unix:{}", socket.display());
                     (addr, Arc::new(allocator), hyperactor::ProcConfig::default())
                 }
